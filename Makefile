@@ -1,0 +1,33 @@
+# ckptbench: `make bench` runs the default suite and writes an HTML report; `make test` runs the tests.
+# Both create .venv and install what they need first.  On a CUDA machine pass a CUDA torch build:
+#   make bench TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130'
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+SUITE ?= suites/cpu.toml
+RUN ?= $(basename $(notdir $(SUITE)))-$(shell date +%Y%m%d-%H%M%S)
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test bench lint perf gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m ckptbench sweep --suite $(SUITE) --out results/$(RUN) --report reports/$(RUN).html
+
+lint: $(STAMP)
+	$(PY) -m ruff check ckptbench tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
