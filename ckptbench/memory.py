@@ -1,0 +1,267 @@
+"""Memory probes: exact live-tensor accounting on CPU, the caching allocator's counters on CUDA.
+
+Both probes share one shape (``start`` / ``mark_after_forward`` / ``stop`` / ``result``) and are chosen by
+device in :func:`probe_for`, so the step loop never branches on the device itself.
+
+The CPU probe is a ``TorchDispatchMode`` that sees every tensor an operator returns, keeps one entry per
+live *storage* (views and in-place results share their base's storage, so nothing is counted twice) and
+drops it when the storage is freed (a ``weakref.finalize`` on the storage's Python object, which torch
+keeps alive exactly as long as the C++ storage).  Because it slows every operator it only runs on the
+dedicated memory steps; the timed steps run without it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CATEGORIES = ("params", "grads", "optimizer", "activations")
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """Identity of the memory a tensor lives in (None for empty or meta tensors)."""
+    if t.device.type == "meta" or t.is_sparse:
+        return None
+    st = t.untyped_storage()
+    if st.nbytes() == 0:
+        return None
+    return st.data_ptr()
+
+
+@dataclass
+class MemoryResult:
+    """What one probe saw over the memory steps (bytes)."""
+
+    params_bytes: int = 0
+    optimizer_bytes: int = 0
+    mem_after_forward_bytes: int = 0
+    activations_after_forward_bytes: int = 0
+    peak_bytes: int = 0
+    peak_breakdown: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {
+            "params_bytes": self.params_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "mem_after_forward_bytes": self.mem_after_forward_bytes,
+            "activations_after_forward_bytes": self.activations_after_forward_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_breakdown": dict(self.peak_breakdown),
+        }
+        out.update(self.extra)
+        return out
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Exact live bytes per category, and the peak with its breakdown at the moment it was reached.
+
+    Tensors that existed before the mode was entered (parameters, optimizer state, the input batch) are
+    registered explicitly with :meth:`track`; everything an operator returns inside the mode is
+    registered as ``activations`` until :meth:`recategorize` moves it (a gradient, once accumulated).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, list] = {}  # storage key -> [nbytes, category]
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.peak_breakdown = dict(self.by_category)
+
+    # -- registration -------------------------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, category: str) -> None:
+        key = storage_key(tensor)
+        if key is None:
+            return
+        entry = self._live.get(key)
+        if entry is not None:
+            self._move(entry, category)
+            return
+        st = tensor.untyped_storage()
+        nbytes = st.nbytes()
+        self._live[key] = [nbytes, category]
+        weakref.finalize(st, self._free, key)
+        self.by_category[category] += nbytes
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_breakdown = dict(self.by_category)
+
+    def recategorize(self, tensor: torch.Tensor, category: str) -> None:
+        self.track(tensor, category)
+
+    def _move(self, entry: list, category: str) -> None:
+        if entry[1] != category:
+            self.by_category[entry[1]] -= entry[0]
+            self.by_category[category] += entry[0]
+            entry[1] = category
+
+    def _free(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.by_category[entry[1]] -= entry[0]
+            self.total -= entry[0]
+
+    def reset_peak(self) -> None:
+        self.peak = self.total
+        self.peak_breakdown = dict(self.by_category)
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and storage_key(t) not in self._live:
+                self.track(t, "activations")
+        return out
+
+
+class CpuMemoryProbe:
+    """Exact live-tensor peak on CPU (see :class:`LiveStorageTracker`)."""
+
+    kind = "cpu-live-storages"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+        self.model = model
+        self.optimizer = optimizer
+        self.inputs = inputs
+        self.tracker = LiveStorageTracker()
+        self._hooks: list = []
+        self.after_forward: dict | None = None
+
+    def start(self) -> None:
+        tr = self.tracker
+        for p in self.model.parameters():
+            tr.track(p, "params")
+        for b in self.model.buffers():
+            tr.track(b, "params")
+        for state in self.optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    tr.track(v, "optimizer")
+        for p in self.model.parameters():
+            if p.grad is not None:
+                tr.track(p.grad, "grads")
+        for t in self.inputs:
+            tr.track(t, "activations")
+        self.params_bytes = tr.by_category["params"]
+        self.optimizer_bytes = tr.by_category["optimizer"]
+        for p in self.model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        tr.reset_peak()
+        tr.__enter__()
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.tracker.recategorize(p.grad, "grads")
+
+    def mark_after_forward(self) -> None:
+        tr = self.tracker
+        self.after_forward = {"total": tr.total, **tr.by_category}
+
+    def stop(self) -> None:
+        self.tracker.__exit__(None, None, None)
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def result(self) -> MemoryResult:
+        tr = self.tracker
+        af = self.after_forward or {"total": 0, "activations": 0}
+        return MemoryResult(
+            params_bytes=self.params_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            mem_after_forward_bytes=af["total"],
+            activations_after_forward_bytes=af["total"] - self.params_bytes - self.optimizer_bytes,
+            peak_bytes=tr.peak,
+            peak_breakdown=dict(tr.peak_breakdown),
+        )
+
+
+class CudaMemoryProbe:
+    """The caching allocator's own counters; NVML for what the whole device shows as used.
+
+    ``max_memory_allocated`` is what tensors needed; ``max_memory_reserved`` is what the allocator held
+    (fragmentation included); NVML adds the CUDA context and anything outside torch.
+    """
+
+    kind = "cuda-allocator"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+        self.model = model
+        self.optimizer = optimizer
+        self.device = next(model.parameters()).device
+        self.after_forward: int | None = None
+
+    def start(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.params_bytes = sum(p.untyped_storage().nbytes() for p in self.model.parameters())
+        self.optimizer_bytes = sum(
+            v.untyped_storage().nbytes()
+            for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
+        self.base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def mark_after_forward(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.after_forward = torch.cuda.memory_allocated(self.device)
+
+    def stop(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device)
+        self.reserved = torch.cuda.max_memory_reserved(self.device)
+        self.grads_bytes = sum(
+            p.grad.untyped_storage().nbytes() for p in self.model.parameters() if p.grad is not None
+        )
+
+    def result(self) -> MemoryResult:
+        af = self.after_forward or 0
+        static = self.params_bytes + self.optimizer_bytes
+        return MemoryResult(
+            params_bytes=self.params_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            mem_after_forward_bytes=af,
+            activations_after_forward_bytes=af - static,
+            peak_bytes=self.peak,
+            # The allocator does not know what a block is for: grads are sized from the parameters,
+            # activations are the rest of the peak.
+            peak_breakdown={
+                "params": self.params_bytes,
+                "grads": self.grads_bytes,
+                "optimizer": self.optimizer_bytes,
+                "activations": self.peak - static - self.grads_bytes,
+            },
+            extra={
+                "cuda_max_allocated_bytes": self.peak,
+                "cuda_max_reserved_bytes": self.reserved,
+                "nvml_used_bytes": nvml_used_bytes(self.device.index or 0),
+            },
+        )
+
+
+def nvml_used_bytes(index: int) -> int | None:
+    """Device-level used memory from NVML, or None when NVML is absent or fails (never raises)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVMLError_LibraryNotFound, no driver, no package: "not available"
+        return None
+
+
+def probe_for(device: torch.device, model, optimizer, inputs):
+    """The memory probe for a device: the only place that chooses between CPU and CUDA accounting."""
+    if device.type == "cuda":
+        return CudaMemoryProbe(model, optimizer, inputs)
+    return CpuMemoryProbe(model, optimizer, inputs)

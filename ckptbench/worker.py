@@ -1,0 +1,241 @@
+"""One sweep point, measured in the process that runs it.
+
+The step loop is the familiar one: warm-up steps (clean, they also create the optimizer state), memory
+steps (the probes that slow operators run only here), then timed steps (clean again).  The record says
+which steps were which.  :func:`child_main` is the entry point of a worker process forked from the fork
+server (see ``sweep.py``): it redirects the process's output to the point's log file and writes exactly
+one result file, atomically, whatever happens short of the process being killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .memory import probe_for, storage_key
+from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
+from .saved import LayerProbe, SavedTensorCounter
+from .spec import Case
+from .timing import StepStats, timer_for
+
+PIN_ERROR_HINT = "pin_memory=True requires"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A test-only fault to inject into a worker (never set by suites): proves failures are results."""
+
+    kind: str  # raise | segfault | hang | exit | slow
+    seconds: float = 0.0
+
+
+def pinned_memory_error() -> str | None:
+    """None when this torch build can allocate pinned host memory, else the error it gives."""
+    try:
+        torch.empty(1, pin_memory=True)
+        return None
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+
+
+@contextmanager
+def offload_without_pinning():
+    """Let transformers' offload run on a torch build that has no pinned allocator.
+
+    transformers wraps each checkpointed layer in ``save_on_cpu(pin_memory=True)``, which raises on a
+    CPU-only build.  We swap the name transformers calls for the same class with pinning off, so the
+    library's own offload path still runs, and the record states ``offload_pinned: false``.
+    """
+    import transformers.modeling_utils as mu
+
+    original = mu.save_on_cpu
+
+    class unpinned_save_on_cpu(original):  # noqa: N801 - stands in for torch's class name
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+            super().__init__(pin_memory=False, device_type=device_type)
+
+    unpinned_save_on_cpu.__qualname__ = "save_on_cpu_unpinned"
+    mu.save_on_cpu = unpinned_save_on_cpu
+    try:
+        yield
+    finally:
+        mu.save_on_cpu = original
+
+
+def _forward_loss(model, batch, grad_accum: int) -> torch.Tensor:
+    return model(input_ids=batch, labels=batch).loss / grad_accum
+
+
+def _train_step(model, optimizer, batch, grad_accum: int) -> float:
+    total = 0.0
+    for _ in range(grad_accum):
+        loss = _forward_loss(model, batch, grad_accum)
+        loss.backward()
+        total += loss.item()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
+    """One step under the memory probe, the saved-tensor counter and the layer probe."""
+    probe = probe_for(batch.device, model, optimizer, [batch])
+    param_keys = {storage_key(p) for p in model.parameters()}
+    counter = SavedTensorCounter(param_keys)
+    layer_probe = LayerProbe(layers)
+    with layer_probe:
+        probe.start()
+        try:
+            for micro in range(case.grad_accum):
+                with counter if micro == 0 else _nullcontext():
+                    loss = _forward_loss(model, batch, case.grad_accum)
+                if micro == 0:
+                    probe.mark_after_forward()
+                layer_probe.in_backward = True
+                loss.backward()
+                layer_probe.in_backward = False
+                del loss
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        finally:
+            probe.stop()
+    out = probe.result().to_dict()
+    out["memory_probe"] = probe.kind
+    out.update(counter.summary(layer_probe.keys_of(case.checkpointed_layers)))
+    out["recomputed_layers"] = sorted(layer_probe.recomputed)
+    return out
+
+
+@contextmanager
+def _nullcontext():
+    yield
+
+
+def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None) -> dict:
+    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement."""
+    t_enter = time.time()
+    torch.set_num_threads(case.train.threads)
+    torch.manual_seed(case.train.seed)
+    device = torch.device(case.device)
+    if fault is not None and fault.kind != "slow":
+        inject(fault)
+
+    offload_pinned = None
+    offload_note = ""
+    pin_error = pinned_memory_error() if case.offload else None
+    if case.offload:
+        offload_pinned = pin_error is None
+        if pin_error:
+            offload_note = (f"this torch build has no pinned allocator ({pin_error}); transformers' offload "
+                            "ran with pin_memory=False")
+    ctx = offload_without_pinning() if (case.offload and pin_error) else _nullcontext()
+
+    with ctx:
+        model = build_model(case.model, device)
+        enable_checkpointing(model, case.every_n_layers, case.offload)
+        layers = decoder_layers(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
+        t_ready = time.time()
+
+        losses = []
+        for _ in range(case.train.warmup_steps):
+            losses.append(_train_step(model, optimizer, batch, case.grad_accum))
+        mem: dict = {}
+        for _ in range(case.train.memory_steps):
+            mem = _memory_step(case, model, optimizer, batch, layers)
+        timer = timer_for(device.type)
+        for _ in range(case.train.steps):
+            timer.start()
+            losses.append(_train_step(model, optimizer, batch, case.grad_accum))
+            if fault is not None and fault.kind == "slow":
+                time.sleep(fault.seconds)
+            timer.stop()
+        stats = StepStats.of(timer.times())
+
+    return {
+        **mem,
+        "step_times_s": list(stats.times_s),
+        "step_time_median_s": stats.median_s,
+        "step_time_p90_s": stats.p90_s,
+        "step_time_mean_s": stats.mean_s,
+        "step_time_cv": stats.cv,
+        "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
+        "timer": timer.kind,
+        "losses": losses,
+        "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
+                  "timed": case.train.steps, "memory_steps_timed": False},
+        "spawn_s": (t_enter - t_submit) if t_submit else None,
+        "setup_s": (t_ready - t_submit) if t_submit else None,
+        "model_build_s": t_ready - t_enter,
+        "offload_pinned": offload_pinned,
+        "offload_note": offload_note,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def device_environment(device_type: str) -> dict:
+    """What only the worker can see cheaply: torch's view of the device."""
+    env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    if device_type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device_name=props.name, device_memory_bytes=props.total_memory)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:
+            env["driver"] = None
+    return env
+
+
+def inject(fault: Fault) -> None:
+    if fault.kind == "raise":
+        raise RuntimeError("injected fault: worker raised")
+    if fault.kind == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    if fault.kind == "hang":
+        while True:
+            time.sleep(3600)
+    if fault.kind == "exit":
+        os._exit(3)
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
+               fault: Fault | None = None) -> None:
+    """Entry point of a worker process: one Case, one result file, output to the point's log."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    case = Case.from_dict(case_dict)
+    result: dict = {"status": "ok", "reason": ""}
+    try:
+        result["measurement"] = measure(case, t_submit, fault)
+    except torch.OutOfMemoryError as exc:
+        traceback.print_exc()
+        result = {"status": "oom", "reason": str(exc).splitlines()[0][:500]}
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"status": "crash", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+    result["device_env"] = device_environment(case.device)
+    write_json_atomic(result_path, result)
