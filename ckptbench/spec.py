@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 FAMILIES = ("llama", "qwen2", "gpt2")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -156,4 +156,3 @@ class Suite:
     memory_budget_bytes: int | None = None
     budgets_gib: tuple[float, ...] = ()
     text: str = ""
-    labels: dict = field(default_factory=dict)

@@ -1,0 +1,185 @@
+"""Command line: ``ckptbench sweep | report | compare | estimate``.
+
+User errors (a bad suite, a missing results directory) are one line on stderr and exit status 2; a
+traceback means a bug in ckptbench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .suite import SuiteError, load_suite
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A user mistake the CLI reports in one line (exit 2)."""
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes i/n (e.g. 1/2), got {text!r}") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"--shard i/n needs 1 <= i <= n, got {text!r}")
+    return i, n
+
+
+def _fmt_mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.2f}"
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False)
+
+
+def summary_table(records: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="ckptbench sweep", show_lines=False)
+    for col in ("strategy", "batch", "seq", "status", "after fwd MiB", "peak MiB", "ckpt inputs MiB",
+                "recomputed", "step ms", "tok/s", "setup s"):
+        table.add_column(col, justify="right" if col not in ("strategy", "status") else "left")
+    for r in records:
+        m = r.get("measurement") or {}
+        c = r["case"]
+        median = m.get("step_time_median_s")
+        table.add_row(
+            r["strategy"], str(c["batch_size"]), str(c["seq_len"]), r["status"],
+            _fmt_mib(m.get("mem_after_forward_bytes")), _fmt_mib(m.get("peak_bytes")),
+            _fmt_mib(m.get("checkpointed_input_bytes")),
+            ",".join(map(str, m.get("recomputed_layers", []))) or "-",
+            f"{median * 1e3:.1f}" if median else "-",
+            f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
+            f"{m['setup_s']:.2f}" if m.get("setup_s") else "-",
+        )
+    return table
+
+
+def cmd_sweep(args) -> int:
+    from rich.console import Console
+
+    from .sweep import Interrupted, SweepOptions, plan, run_sweep
+
+    suite = load_suite(args.suite)
+    out = args.out or os.path.join("results", f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    cases = plan(suite, args.shard)
+    if args.dry_run:
+        for c in cases:
+            print(f"{c.id}  {c.model.label}  {c.strategy:<16} batch={c.batch_size} seq={c.seq_len} "
+                  f"K={c.local_sgd_steps} accum={c.grad_accum} world={c.world_size} device={c.device}")
+        print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run")
+        return 0
+    options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout)
+    annotate = _annotator()
+    with _progress() as progress:
+        task = progress.add_task(suite.name, total=len(cases), last="")
+
+        def on_record(record, k, total):
+            m = record.get("measurement") or {}
+            peak = _fmt_mib(m.get("peak_bytes"))
+            progress.update(task, completed=len(cases) - total + k,
+                            last=f"{record['strategy']} b={record['case']['batch_size']} "
+                                 f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
+
+        try:
+            result = run_sweep(suite, options, on_record=on_record, annotate=annotate)
+        except Interrupted as exc:
+            progress.stop()
+            console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
+                          f"  python -m ckptbench sweep --suite {args.suite} --out {out} --resume")
+            return 130
+        progress.update(task, completed=len(cases))
+    if result.skipped_ids:
+        console.print(f"resume: {len(result.skipped_ids)} cases already in {out} were skipped")
+    from .results import load_records
+
+    loaded = load_records(out)
+    for problem in loaded.problems:
+        console.print(f"[yellow]warning:[/yellow] {problem}")
+    console.print(summary_table(result.records))
+    console.print(f"records: {os.path.join(out, 'records.jsonl')}")
+    if args.csv:
+        from .results import export_csv
+
+        console.print(f"csv: {export_csv(out)}")
+    if args.report:
+        return _render(out, args.report, console)
+    return 0
+
+
+def _annotator():
+    """Attach the analytic estimate and its checks to each record, when the estimate module is present."""
+    try:
+        from .checks import annotate_record
+    except ImportError:
+        return None
+    return annotate_record
+
+
+def _render(run_dir: str, out_path: str, console) -> int:
+    try:
+        from .report.render import render_report
+    except ImportError:
+        console.print("[yellow]report rendering is not available in this version[/yellow]")
+        return 0
+    path = render_report(run_dir, out_path)
+    console.print(f"report: {path}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rich.console import Console
+
+    if not os.path.exists(args.run):
+        raise UsageError(f"{args.run}: no such results directory")
+    out = args.output or os.path.join("reports", os.path.basename(os.path.normpath(args.run)) + ".html")
+    return _render(args.run, out, Console(stderr=True))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sweep", help="run a suite: one isolated worker per point, records appended as they end")
+    p.add_argument("--suite", required=True, help="suite file (suites/*.toml)")
+    p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
+    p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
+    p.add_argument("--dry-run", action="store_true", help="list the Cases and exit without running")
+    p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
+    p.add_argument("--timeout", type=float, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--csv", action="store_true", help="also write records.csv")
+    p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="render the HTML report of a results directory")
+    p.add_argument("run", help="results directory")
+    p.add_argument("-o", "--output", help="HTML file (default reports/<run>.html)")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SuiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

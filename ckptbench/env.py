@@ -1,0 +1,57 @@
+"""The environment a run happened in, gathered without importing torch (the parent never does)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+
+PACKAGES = ("torch", "transformers", "accelerate", "numpy", "nvidia-ml-py")
+
+
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit(cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def host_environment() -> dict:
+    """Versions, CPU and commit: the same for every record of one sweep, so gathered once."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
+        "git_commit": git_commit(os.path.dirname(os.path.abspath(__file__))),
+        **{f"{k}_version": v for k, v in package_versions().items()},
+    }

@@ -1,0 +1,221 @@
+"""Suite files: TOML in, validated :class:`Suite` of :class:`Case` out.
+
+Every way a suite can be wrong becomes a :class:`SuiteError` naming the file, the key and the reason,
+which the CLI prints as one line before exiting with status 2.  Validation happens here, before any
+worker starts, so a typo costs a second, not a sweep.
+
+Axes in ``[sweep]`` are crossed.  Two kinds of pairs in that product mean nothing and are left out
+rather than rejected (a user asking for ``every_n_layers = [0, 1]`` × ``offload = [false, true]`` wants
+offload where there is something to offload): offload without checkpointing, and local SGD on one
+process.  A suite in which such a setting can never apply is rejected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+from dataclasses import fields
+
+import tomllib
+
+from .spec import ATTENTIONS, DEVICES, DTYPES, FAMILIES, PRESETS, Case, ModelSpec, Suite, TrainSpec
+
+
+class SuiteError(Exception):
+    """A suite that cannot run: says which file, which key, and why."""
+
+    def __init__(self, path: str, key: str, reason: str):
+        self.path, self.key, self.reason = path, key, reason
+        super().__init__(f"{path}: {key}: {reason}")
+
+
+SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memory_budget_gib": (int, float),
+              "budgets_gib": list, "device": str}
+MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
+MODEL_KEYS = {"preset": str, "family": str, "dtype": str, "attn": str, "label": str,
+              "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
+TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
+              "memory_steps": int, "seed": int, "threads": int}
+AXES = {"batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
+        "local_sgd_steps": int, "grad_accum": int, "world_size": int}
+AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
+                 "world_size": [1]}
+TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES}
+
+
+def _type_name(t) -> str:
+    if isinstance(t, tuple):
+        return "number"
+    return {int: "integer", str: "string", bool: "boolean", list: "array", float: "number"}[t]
+
+
+def _is(value, t) -> bool:
+    if isinstance(value, bool) and t is not bool and not (isinstance(t, tuple) and bool in t):
+        return False  # TOML booleans are not numbers here
+    return isinstance(value, t)
+
+
+class _Checker:
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, key: str, reason: str):
+        raise SuiteError(self.path, key, reason)
+
+    def table(self, data: dict, name: str) -> dict:
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            self.fail(name, f"must be a table ([{name}]), got {type(table).__name__}")
+        allowed = TABLES[name]
+        for key, value in table.items():
+            if key not in allowed:
+                self.fail(f"{name}.{key}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
+            if name != "sweep" and not _is(value, allowed[key]):
+                self.fail(f"{name}.{key}", f"must be {_type_name(allowed[key])}, got {value!r}")
+        return table
+
+    def positive(self, key: str, value, allow_zero: bool = False):
+        if value < 0 or (value == 0 and not allow_zero):
+            self.fail(key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        return value
+
+    def axis(self, sweep: dict, key: str) -> list:
+        if key not in sweep:
+            if key in AXIS_DEFAULTS:
+                return list(AXIS_DEFAULTS[key])
+            self.fail(f"sweep.{key}", "missing (a list of values to sweep)")
+        values = sweep[key]
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            self.fail(f"sweep.{key}", "empty list: give at least one value")
+        for v in values:
+            if not _is(v, AXES[key]):
+                self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
+        if len(set(values)) != len(values):
+            dup = next(v for v in values if values.count(v) > 1)
+            self.fail(f"sweep.{key}", f"duplicate value {dup!r}")
+        if AXES[key] is int:
+            zero_ok = key in ("every_n_layers", "local_sgd_steps")
+            for v in values:
+                self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
+        return values
+
+
+def _model(ck: _Checker, table: dict) -> ModelSpec:
+    if "preset" in table:
+        if table["preset"] not in PRESETS:
+            ck.fail("model.preset", f"unknown preset {table['preset']!r}; known: {', '.join(sorted(PRESETS))}")
+        values = {**PRESETS[table["preset"]], "name": table["preset"]}
+    else:
+        missing = [k for k in ("family", *MODEL_DIMS[:-1]) if k not in table]
+        if missing:
+            ck.fail(f"model.{missing[0]}", "missing: give model.preset, or family and all dimensions "
+                    f"({', '.join(('family', *MODEL_DIMS[:-1]))})")
+        values = {"name": table.get("label", "")}
+    for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
+        if key in table:
+            values[key] = table[key]
+    if "label" in table:
+        values["name"] = table["label"]
+    if values["family"] not in FAMILIES:
+        ck.fail("model.family", f"unknown family {values['family']!r}; known: {', '.join(FAMILIES)}")
+    if values.get("dtype", "fp32") not in DTYPES:
+        ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)}")
+    if values.get("attn", "eager") not in ATTENTIONS:
+        ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
+    for key in MODEL_DIMS:
+        ck.positive(f"model.{key}", values[key])
+    if values["hidden"] % values["heads"]:
+        ck.fail("model.heads", f"heads={values['heads']} does not divide hidden={values['hidden']}")
+    if values["heads"] % values["kv_heads"]:
+        ck.fail("model.kv_heads", f"kv_heads={values['kv_heads']} does not divide heads={values['heads']}")
+    if values["family"] == "gpt2" and values["kv_heads"] != values["heads"]:
+        ck.fail("model.kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads")
+    return ModelSpec(**values)
+
+
+def _train(ck: _Checker, table: dict) -> TrainSpec:
+    if table.get("optimizer", "adamw") != "adamw":
+        ck.fail("train.optimizer", f"only 'adamw' is supported, got {table['optimizer']!r}")
+    for key in ("warmup_steps", "steps", "memory_steps", "threads"):
+        if key in table:
+            ck.positive(f"train.{key}", table[key])
+    if "lr" in table:
+        ck.positive("train.lr", table["lr"])
+    if "seed" in table:
+        ck.positive("train.seed", table["seed"], allow_zero=True)
+    known = {f.name for f in fields(TrainSpec)}
+    return TrainSpec(**{k: v for k, v in table.items() if k in known})
+
+
+def launcher_available() -> bool:
+    """torchrun next to this interpreter (or on PATH): needed for Cases with world_size > 1."""
+    here = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return os.access(here, os.X_OK) or shutil.which("torchrun") is not None
+
+
+def parse_suite(text: str, path: str = "<suite>") -> Suite:
+    ck = _Checker(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SuiteError(path, "(file)", f"invalid TOML: {exc}") from None
+    for key in data:
+        if key not in TABLES:
+            ck.fail(key, f"unknown table; allowed: {', '.join(f'[{t}]' for t in TABLES)}")
+    suite = ck.table(data, "suite")
+    model = _model(ck, ck.table(data, "model"))
+    train = _train(ck, ck.table(data, "train"))
+    sweep = ck.table(data, "sweep")
+    axes = {key: ck.axis(sweep, key) for key in AXES}
+
+    device = suite.get("device", "cpu")
+    if device not in DEVICES:
+        ck.fail("suite.device", f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if max(axes["every_n_layers"]) > model.layers:
+        ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
+                f"{model.layers} layers")
+    if True in axes["offload"] and max(axes["every_n_layers"]) == 0:
+        ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
+    if max(axes["local_sgd_steps"]) > 0 and max(axes["world_size"]) == 1:
+        ck.fail("sweep.local_sgd_steps", "local SGD needs world_size > 1 (add it to sweep.world_size)")
+    if max(axes["world_size"]) > 1 and not launcher_available():
+        ck.fail("sweep.world_size", "world_size > 1 needs torchrun, which was not found")
+    if max(axes["seq_len"]) > model.max_positions:
+        ck.fail("sweep.seq_len", f"{max(axes['seq_len'])} exceeds model.max_positions={model.max_positions}")
+    for key in ("timeout_s", "memory_budget_gib"):
+        if key in suite:
+            ck.positive(f"suite.{key}", suite[key])
+    budgets = suite.get("budgets_gib", [])
+    if not all(_is(b, (int, float)) and b > 0 for b in budgets):
+        ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
+
+    cases = []
+    for b, s, n, off, k, ga, ws in itertools.product(*(axes[a] for a in AXES)):
+        if (off and n == 0) or (k > 0 and ws == 1):
+            continue
+        cases.append(Case(model=model, train=train, batch_size=b, seq_len=s, every_n_layers=n, offload=off,
+                          local_sgd_steps=k, grad_accum=ga, world_size=ws, device=device))
+    budget = suite.get("memory_budget_gib")
+    return Suite(
+        name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],
+        path=path,
+        cases=tuple(cases),
+        timeout_s=float(suite.get("timeout_s", 300.0)),
+        memory_budget_bytes=int(budget * 2**30) if budget else None,
+        budgets_gib=tuple(float(b) for b in budgets),
+        text=text,
+    )
+
+
+def load_suite(path: str) -> Suite:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise SuiteError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SuiteError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
+    return parse_suite(text, path)

@@ -1,0 +1,182 @@
+"""Run a suite: each Case in its own process, each result appended as a record before the next starts.
+
+Isolation without the import bill: a fresh interpreter needs seconds to import torch and transformers,
+so workers are forked from a ``multiprocessing`` fork server that imported them once (and never touched
+CUDA).  A forked worker is a new process (clean peak memory, a crash or an OOM takes only that point) and
+is ready with a built tiny model in about a tenth of a second.  Cases with ``world_size > 1`` are process
+groups and go through torchrun instead (``launch.py``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .env import host_environment
+from .results import RecordStore
+from .spec import Case, Suite
+from .worker import Fault
+
+STDERR_TAIL_CHARS = 2000
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a sweep: the worker in flight was stopped, every finished record is kept."""
+
+    def __init__(self, done: int, remaining: int):
+        self.done, self.remaining = done, remaining
+        super().__init__(f"interrupted after {done} points, {remaining} not run")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    out_dir: str
+    resume: bool = False
+    shard: tuple[int, int] = (1, 1)  # (i, n): this process runs every n-th planned Case starting at i
+    timeout_s: float | None = None  # overrides the suite's per-Case timeout
+    faults: dict = field(default_factory=dict)  # case id -> Fault; tests only
+
+
+@dataclass
+class SweepResult:
+    run_dir: str
+    planned: list[Case]
+    skipped_ids: list[str]
+    records: list[dict]
+
+
+def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
+    """The Cases this process is responsible for, in suite order."""
+    i, n = shard
+    return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
+
+
+def _tail(path: str, chars: int = STDERR_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - chars))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+class IsolatedRunner:
+    """Runs one single-process Case in a worker forked from a preloaded fork server."""
+
+    def __init__(self) -> None:
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["ckptbench.worker"])
+        self.current = None
+
+    def run(self, case: Case, work_dir: str, timeout_s: float, fault: Fault | None) -> dict:
+        from .worker import child_main  # the fork server has it loaded; importing here keeps torch out
+
+        result_path = os.path.join(work_dir, f"{case.id}.json")
+        log_path = os.path.join(work_dir, f"{case.id}.log")
+        for stale in (result_path, log_path):
+            if os.path.exists(stale):
+                os.remove(stale)
+        t_submit = time.time()
+        proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault),
+                                name=f"ckptbench-{case.id}")
+        self.current = proc
+        proc.start()
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            self.current = None
+            return {"status": "timeout", "reason": f"no result after {timeout_s:g} s; worker killed",
+                    "stderr_tail": _tail(log_path)}
+        self.current = None
+        wall = time.time() - t_submit
+        if os.path.exists(result_path):
+            import json
+
+            with open(result_path) as fh:
+                result = json.load(fh)
+            os.remove(result_path)
+        elif proc.exitcode is not None and proc.exitcode < 0:
+            sig = signal.Signals(-proc.exitcode).name
+            result = {"status": "crash", "reason": f"worker killed by signal {sig}"}
+        else:
+            result = {"status": "crash", "reason": f"worker exited with code {proc.exitcode} and no result"}
+        if result["status"] != "ok":
+            result["stderr_tail"] = _tail(log_path)
+        result["wall_s"] = wall
+        return result
+
+    def kill_current(self) -> None:
+        proc = self.current
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _judge_budget(result: dict, budget: int | None) -> None:
+    """On CPU there is no OOM to catch: a suite's memory budget turns an over-budget peak into a result."""
+    m = result.get("measurement") or {}
+    if budget and result["status"] == "ok" and m.get("peak_bytes", 0) > budget:
+        result["status"] = "over_budget"
+        result["reason"] = f"peak {m['peak_bytes'] / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB"
+
+
+def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None) -> dict:
+    record = {
+        "case_id": case.id,
+        "suite": suite.name,
+        "case": case.to_dict(),
+        "strategy": case.strategy,
+        "status": result["status"],
+        "reason": result.get("reason", ""),
+        "measurement": result.get("measurement") or {},
+        "stderr_tail": result.get("stderr_tail", ""),
+        "wall_s": result.get("wall_s"),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": {**host_env, **result.get("device_env", {})},
+    }
+    if annotate is not None:
+        annotate(case, record)
+    return record
+
+
+def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
+              annotate: Callable[[Case, dict], None] | None = None) -> SweepResult:
+    """Run the planned Cases not yet in the store; append one record per Case as soon as it ends."""
+    store = RecordStore(options.out_dir)
+    store.ensure()
+    work_dir = os.path.join(options.out_dir, "work")
+    os.makedirs(work_dir, exist_ok=True)
+    planned = plan(suite, options.shard)
+    done_ids = store.load().ids() if options.resume else set()
+    todo = [c for c in planned if c.id not in done_ids]
+    skipped = [c.id for c in planned if c.id in done_ids]
+    timeout = options.timeout_s or suite.timeout_s
+    host_env = host_environment()
+    runner = IsolatedRunner()
+    records: list[dict] = []
+    for k, case in enumerate(todo):
+        try:
+            fault = options.faults.get(case.id)
+            if case.world_size > 1:
+                from .launch import run_distributed_case
+
+                result = run_distributed_case(case, work_dir, timeout)
+            else:
+                result = runner.run(case, work_dir, timeout, fault)
+        except KeyboardInterrupt:
+            runner.kill_current()
+            raise Interrupted(len(records), len(todo) - k) from None
+        _judge_budget(result, suite.memory_budget_bytes)
+        record = make_record(suite, case, result, host_env, annotate)
+        store.append(record)
+        records.append(record)
+        if on_record is not None:
+            on_record(record, k + 1, len(todo))
+    return SweepResult(options.out_dir, planned, skipped, records)
