@@ -113,7 +113,7 @@ def _model(ck: _Checker, table: dict) -> ModelSpec:
         if missing:
             ck.fail(f"model.{missing[0]}", "missing: give model.preset, or family and all dimensions "
                     f"({', '.join(('family', *MODEL_DIMS[:-1]))})")
-        values = {"name": table.get("label", "")}
+        values = {"name": table.get("label", ""), "max_positions": 2048}
     for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
         if key in table:
             values[key] = table[key]

@@ -127,6 +127,16 @@ def _judge_budget(result: dict, budget: int | None) -> None:
         result["reason"] = f"peak {m['peak_bytes'] / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB"
 
 
+def _keep_suite_text(suite: Suite, run_dir: str) -> None:
+    """Store the suite file beside the records, so a report can show exactly what was asked for."""
+    path = os.path.join(run_dir, "suite.toml")
+    if not os.path.exists(path) and suite.text:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(suite.text)
+        os.replace(tmp, path)
+
+
 def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None) -> dict:
     record = {
         "case_id": case.id,
@@ -151,6 +161,7 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     """Run the planned Cases not yet in the store; append one record per Case as soon as it ends."""
     store = RecordStore(options.out_dir)
     store.ensure()
+    _keep_suite_text(suite, options.out_dir)
     work_dir = os.path.join(options.out_dir, "work")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
@@ -161,8 +172,8 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     host_env = host_environment()
     runner = IsolatedRunner()
     records: list[dict] = []
-    for k, case in enumerate(todo):
-        try:
+    try:
+        for k, case in enumerate(todo):
             fault = options.faults.get(case.id)
             if case.world_size > 1:
                 from .launch import run_distributed_case
@@ -170,13 +181,15 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
                 result = run_distributed_case(case, work_dir, timeout)
             else:
                 result = runner.run(case, work_dir, timeout, fault)
-        except KeyboardInterrupt:
-            runner.kill_current()
-            raise Interrupted(len(records), len(todo) - k) from None
-        _judge_budget(result, suite.memory_budget_bytes)
-        record = make_record(suite, case, result, host_env, annotate)
-        store.append(record)
-        records.append(record)
-        if on_record is not None:
-            on_record(record, k + 1, len(todo))
+            _judge_budget(result, suite.memory_budget_bytes)
+            record = make_record(suite, case, result, host_env, annotate)
+            store.append(record)
+            records.append(record)
+            if on_record is not None:
+                on_record(record, k + 1, len(todo))
+    except KeyboardInterrupt:
+        # Wherever Ctrl-C lands, the point in flight is dropped whole: its worker is killed and its
+        # record, not yet appended, will be run again by --resume.
+        runner.kill_current()
+        raise Interrupted(len(records), len(todo) - len(records)) from None
     return SweepResult(options.out_dir, planned, skipped, records)

@@ -1,0 +1,132 @@
+"""Whole sweeps on a tiny Llama: failures are results, nothing is lost, resume finishes the plan."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ckptbench.results import load_records
+from ckptbench.suite import load_suite
+from ckptbench.sweep import SweepOptions, run_sweep
+from ckptbench.worker import Fault
+
+pytestmark = pytest.mark.e2e
+
+SIX = """
+[suite]
+name = "six"
+timeout_s = 60
+
+[model]
+preset = "llama-tiny"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+
+[sweep]
+batch_size = [1, 2]
+seq_len = [16]
+every_n_layers = [0, 1, 2]
+"""
+
+
+def test_each_fault_is_recorded_and_the_sweep_goes_on(tmp_path, write_suite):
+    suite = load_suite(write_suite(SIX))
+    ids = [c.id for c in suite.cases]
+    faults = {ids[0]: Fault("raise"), ids[1]: Fault("segfault"), ids[2]: Fault("hang"), ids[3]: Fault("exit")}
+    result = run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run"), timeout_s=8, faults=faults))
+    by_id = {r["case_id"]: r for r in load_records(str(tmp_path / "run")).records}
+    assert list(by_id) == ids  # every planned point recorded, in order
+    assert by_id[ids[0]]["status"] == "crash"
+    assert "injected fault" in by_id[ids[0]]["reason"]
+    assert "Traceback" in by_id[ids[0]]["stderr_tail"]
+    assert by_id[ids[1]]["status"] == "crash" and "SIGSEGV" in by_id[ids[1]]["reason"]
+    assert by_id[ids[2]]["status"] == "timeout" and "8 s" in by_id[ids[2]]["reason"]
+    assert by_id[ids[3]]["status"] == "crash" and "code 3" in by_id[ids[3]]["reason"]
+    assert [by_id[i]["status"] for i in ids[4:]] == ["ok", "ok"]
+    assert len(result.records) == 6
+
+
+def test_memory_budget_turns_peak_into_over_budget(tmp_path, write_suite):
+    # At batch 2, seq 64 the tiny Llama peaks at about 5.3 MiB without checkpointing and 3.5 MiB with
+    # full checkpointing, so a 0.004 GiB (4.19 MiB) budget splits them.
+    text = (SIX.replace('timeout_s = 60', 'timeout_s = 60\nmemory_budget_gib = 0.004')
+            .replace("batch_size = [1, 2]", "batch_size = [2]").replace("seq_len = [16]", "seq_len = [64]")
+            .replace("every_n_layers = [0, 1, 2]", "every_n_layers = [0, 1]"))
+    suite = load_suite(write_suite(text))
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    records = load_records(str(tmp_path / "run")).records
+    status = {(r["case"]["batch_size"], r["strategy"]): r["status"] for r in records}
+    for r in records:
+        over = r["measurement"]["peak_bytes"] > 0.004 * 2**30
+        assert r["status"] == ("over_budget" if over else "ok"), r["reason"]
+    assert status == {(2, "none"): "over_budget", (2, "full"): "ok"}
+
+
+def test_resume_skips_finished_cases(tmp_path, write_suite):
+    suite = load_suite(write_suite(SIX))
+    out = str(tmp_path / "run")
+    first = run_sweep(suite, SweepOptions(out_dir=out, shard=(1, 2)))
+    assert len(first.records) == 3
+    second = run_sweep(suite, SweepOptions(out_dir=out, resume=True))
+    assert len(second.records) == 3 and len(second.skipped_ids) == 3
+    ids = [r["case_id"] for r in load_records(out).records]
+    assert sorted(ids) == sorted(c.id for c in suite.cases)
+
+
+def _cli(suite_path: str, out: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ckptbench", "sweep", "--suite", suite_path, "--out", out,
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_records(path: str, k: int, proc: subprocess.Popen, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                if fh.read().count(b"\n") >= k:
+                    return
+        if proc.poll() is not None:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {k} records in {limit_s} s")
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_sigkill_then_resume_runs_every_case_exactly_once(tmp_path, write_suite, k):
+    path = write_suite(SIX)
+    out = str(tmp_path / "run")
+    proc = _cli(path, out)
+    _wait_for_records(os.path.join(out, "records.jsonl"), k, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = load_records(out)
+    assert before.problems == [] and len(before.records) >= k
+    resumed = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--out", out,
+                              "--resume"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    ids = [r["case_id"] for r in load_records(out).records]
+    planned = [c.id for c in load_suite(path).cases]
+    assert sorted(ids) == sorted(planned)
+    assert len(ids) == len(set(ids))
+
+
+def test_ctrl_c_keeps_finished_records_and_says_how_to_resume(tmp_path, write_suite):
+    path = write_suite(SIX)
+    out = str(tmp_path / "run")
+    proc = _cli(path, out)
+    _wait_for_records(os.path.join(out, "records.jsonl"), 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "--resume" in err and "Traceback" not in err
+    loaded = load_records(out)
+    assert loaded.problems == [] and 2 <= len(loaded.records) < 6
+    assert all(r["status"] == "ok" for r in loaded.records)

@@ -1,0 +1,165 @@
+"""Suite parsing, validation messages and Case expansion."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ckptbench import suite as suite_mod
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.suite import SuiteError, load_suite, parse_suite
+
+BASE = {
+    "model": 'preset = "llama-tiny"',
+    "sweep": "batch_size = [1, 2]\nseq_len = [32]\nevery_n_layers = [0, 1, 2]\noffload = [false, true]",
+}
+
+
+def suite_text(**tables: str) -> str:
+    merged = {**BASE, **tables}
+    return "\n".join(f"[{name}]\n{body}" for name, body in merged.items() if body is not None)
+
+
+def test_expansion_skips_offload_without_checkpointing():
+    s = parse_suite(suite_text(), "x.toml")
+    # 2 batches x 1 seq x (every_n 0 without offload + every_n 1,2 with and without offload) = 2 x 5
+    assert len(s.cases) == 10
+    assert not any(c.offload and c.every_n_layers == 0 for c in s.cases)
+    assert [c.strategy for c in s.cases[:5]] == ["none", "full", "full+offload", "every-2", "every-2+offload"]
+
+
+def test_case_ids_are_stable_and_distinct():
+    a = parse_suite(suite_text(), "x.toml")
+    b = parse_suite(suite_text(), "y.toml")
+    assert [c.id for c in a.cases] == [c.id for c in b.cases]
+    assert len({c.id for c in a.cases}) == len(a.cases)
+    case = a.cases[0]
+    assert Case.from_dict(case.to_dict()) == case
+    assert Case.from_dict(case.to_dict()).id == case.id
+
+
+def test_case_id_changes_with_any_setting():
+    base = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    variants = [
+        Case(model=preset("llama-tiny", dtype="bf16"), train=TrainSpec(), batch_size=1, seq_len=8),
+        Case(model=preset("llama-tiny"), train=TrainSpec(steps=9), batch_size=1, seq_len=8),
+        Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8, every_n_layers=1),
+    ]
+    assert len({base.id, *(v.id for v in variants)}) == 4
+
+
+def test_checkpointed_layers_follow_transformers_rule():
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8, every_n_layers=3)
+    assert case.checkpointed_layers == [0, 3]
+
+
+def test_explicit_dimensions_and_label():
+    model = ('family = "qwen2"\nhidden = 32\nlayers = 2\nheads = 4\nkv_heads = 2\nintermediate = 64\n'
+             'vocab = 128\nlabel = "my model"\ndtype = "bf16"\nattn = "sdpa"')
+    s = parse_suite(suite_text(model=model), "x.toml")
+    m = s.cases[0].model
+    assert (m.family, m.hidden, m.layers, m.kv_heads, m.name, m.dtype, m.attn) == (
+        "qwen2", 32, 2, 2, "my model", "bf16", "sdpa")
+
+
+BAD = [
+    ("unknown table", {"extra": "a = 1"}, "extra", "unknown table"),
+    ("unknown key", {"train": "stepz = 3"}, "train.stepz", "unknown key"),
+    ("wrong type", {"train": 'steps = "3"'}, "train.steps", "must be integer"),
+    ("bool is not int", {"train": "steps = true"}, "train.steps", "must be integer"),
+    ("axis wrong type", {"sweep": 'batch_size = ["a"]\nseq_len = [8]'}, "sweep.batch_size", "integers"),
+    ("empty axis", {"sweep": "batch_size = []\nseq_len = [8]"}, "sweep.batch_size", "empty"),
+    ("missing axis", {"sweep": "batch_size = [1]"}, "sweep.seq_len", "missing"),
+    ("negative", {"sweep": "batch_size = [-1]\nseq_len = [8]"}, "sweep.batch_size", "> 0"),
+    ("zero", {"sweep": "batch_size = [1]\nseq_len = [0]"}, "sweep.seq_len", "> 0"),
+    ("zero steps", {"train": "steps = 0"}, "train.steps", "> 0"),
+    ("every_n too large", {"sweep": "batch_size = [1]\nseq_len = [8]\nevery_n_layers = [5]"},
+     "sweep.every_n_layers", "larger than"),
+    ("offload without ckpt", {"sweep": "batch_size = [1]\nseq_len = [8]\noffload = [true]"},
+     "sweep.offload", "needs checkpointing"),
+    ("duplicate", {"sweep": "batch_size = [1, 1]\nseq_len = [8]"}, "sweep.batch_size", "duplicate"),
+    ("heads", {"model": 'preset = "llama-tiny"\nheads = 3'}, "model.heads", "does not divide"),
+    ("kv heads", {"model": 'preset = "llama-tiny"\nkv_heads = 3'}, "model.kv_heads", "does not divide"),
+    ("family", {"model": 'preset = "llama-tiny"\nfamily = "bert"'}, "model.family", "unknown family"),
+    ("dtype", {"model": 'preset = "llama-tiny"\ndtype = "fp8"'}, "model.dtype", "unknown dtype"),
+    ("attn", {"model": 'preset = "llama-tiny"\nattn = "flash"'}, "model.attn", "unknown attention"),
+    ("preset", {"model": 'preset = "llama-999b"'}, "model.preset", "unknown preset"),
+    ("no dims", {"model": 'family = "llama"'}, "model.hidden", "missing"),
+    ("seq too long", {"sweep": "batch_size = [1]\nseq_len = [4096]"}, "sweep.seq_len", "max_positions"),
+    ("local sgd alone", {"sweep": "batch_size = [1]\nseq_len = [8]\nlocal_sgd_steps = [4]"},
+     "sweep.local_sgd_steps", "world_size > 1"),
+    ("device", {"suite": 'device = "tpu"'}, "suite.device", "unknown device"),
+    ("timeout", {"suite": "timeout_s = 0"}, "suite.timeout_s", "> 0"),
+    ("optimizer", {"train": 'optimizer = "sgd"'}, "train.optimizer", "adamw"),
+]
+
+
+@pytest.mark.parametrize("name,tables,key,reason", BAD, ids=[b[0] for b in BAD])
+def test_bad_suites_name_file_key_and_reason(name, tables, key, reason):
+    with pytest.raises(SuiteError) as err:
+        parse_suite(suite_text(**tables), "bad.toml")
+    assert err.value.path == "bad.toml"
+    assert err.value.key == key
+    assert reason in err.value.reason
+    assert str(err.value).startswith(f"bad.toml: {key}: ")
+
+
+def test_invalid_toml():
+    with pytest.raises(SuiteError) as err:
+        parse_suite("[sweep\nbatch_size = 1", "broken.toml")
+    assert err.value.key == "(file)" and "invalid TOML" in err.value.reason
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(SuiteError) as err:
+        load_suite(str(tmp_path / "missing.toml"))
+    assert "cannot read" in err.value.reason
+
+
+def test_world_size_without_launcher(monkeypatch):
+    monkeypatch.setattr(suite_mod, "launcher_available", lambda: False)
+    with pytest.raises(SuiteError) as err:
+        parse_suite(suite_text(sweep="batch_size = [1]\nseq_len = [8]\nworld_size = [2]"), "ws.toml")
+    assert err.value.key == "sweep.world_size" and "torchrun" in err.value.reason
+
+
+def test_memory_budget_and_budgets():
+    s = parse_suite(suite_text(suite="memory_budget_gib = 0.5\nbudgets_gib = [1, 2.5]"), "x.toml")
+    assert s.memory_budget_bytes == 2**29
+    assert s.budgets_gib == (1.0, 2.5)
+
+
+@pytest.mark.parametrize("text,key", [
+    ("[sweep]\nbatch_size = [1]\nseq_len = [8]\nevery_n_layers = [2, 2]\n[model]\npreset='llama-tiny'",
+     "sweep.every_n_layers"),
+    ("[sweep\n", "(file)"),
+])
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, text, key):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {path}: {key}: ")
+
+
+def test_dry_run_lists_cases_without_running(tmp_path, write_suite):
+    path = write_suite()
+    out = tmp_path / "never"
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--dry-run",
+                           "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "2 cases" in proc.stdout and "nothing was run" in proc.stdout
+    assert not out.exists()
+
+
+def test_shipped_suites_parse():
+    smoke = load_suite("suites/smoke.toml")
+    cpu = load_suite("suites/cpu.toml")
+    assert len(smoke.cases) == 5
+    assert len(cpu.cases) >= 12
