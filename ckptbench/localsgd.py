@@ -51,6 +51,7 @@ class ForwardLiveBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self._live: dict[int, tuple] = {}
+        self.live_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -64,8 +65,14 @@ class ForwardLiveBytes(TorchDispatchMode):
                 self._live[st._cdata] = (StorageWeakRef(st), st.nbytes())
         return out
 
+    def __exit__(self, *exc):
+        # Snapshot now: after backward the saved activations are gone.
+        self.live_bytes = sum(n for ref, n in self._live.values() if not ref.expired())
+        self._live.clear()
+        return super().__exit__(*exc)
+
     def result(self) -> int:
-        return sum(n for ref, n in self._live.values() if not ref.expired())
+        return self.live_bytes
 
 
 def _tensors(tree):
@@ -103,8 +110,20 @@ class TorchAveragerSync:
         return self
 
     def step(self):
+        """Average when the averager's schedule says so.
+
+        Not ``averager.average_parameters(model.parameters())``: that filters out parameters whose
+        ``.grad`` is None, and in accelerate's loop ``optimizer.zero_grad()`` (set_to_none) has just run,
+        so it would average nothing (``torch.cat`` of an empty list).  We keep the averager's own
+        schedule fields and call the same ``utils.average_parameters`` it calls.
+        """
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        a = self.averager
+        if a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0:
+            average_parameters(iter(list(self.model.parameters())), a.process_group)
+        a.step += 1
         self.num_steps += 1
-        self.averager.average_parameters(self.model.parameters())
 
     def __exit__(self, *exc):
         from torch.distributed.algorithms.model_averaging.utils import average_parameters
