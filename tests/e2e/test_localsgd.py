@@ -122,3 +122,13 @@ def test_result_shape(accelerate_runs):
     step = m["ranks"][1]["steps"][0]
     for key in ("loss", "step_s", "sync_s", "collectives", "payload_bytes", "bus_bytes", "comm_s", "ops"):
         assert key in step
+
+
+def test_timeout_kills_the_whole_group(tmp_path):
+    import subprocess
+
+    r = run_distributed_cases([case(4)], str(tmp_path), timeout_s=2)[0]
+    assert r["status"] == "timeout" and r["measurement"] == {}
+    # torchrun's agent and both ranks ran in their own session: none may survive.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in ps
