@@ -1,0 +1,119 @@
+"""Start a multi-rank Case as a torchrun process group and turn whatever happens into a result dict.
+
+torchrun, not ``accelerate launch``: ``accelerate launch --cpu --num_processes 2`` starts a single
+process, and ``LocalSGD`` is then a silent no-op.  The group runs in its own session so a timeout can
+kill every rank and torchrun's agent at once; stderr goes to a file so a crash keeps its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .spec import Case
+
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def free_port() -> int:
+    """A port the OS just handed out (bind to 0); torchrun gets it as a fixed ``--master-port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def torchrun_command(case_paths: list[str], out_dir: str, world_size: int, port: int,
+                     sync_impl: str) -> list[str]:
+    cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(world_size), "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "ckptbench.dist_worker", "--out", out_dir,
+           "--sync-impl", sync_impl]
+    for p in case_paths:
+        cmd += ["--case", p]
+    return cmd
+
+
+def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
+                          sync_impl: str = "accelerate") -> list[dict]:
+    """Run `cases` one after the other inside ONE torchrun group (one start-up for all).
+
+    All cases must share ``world_size``, ``device`` and ``train.threads`` (they share the processes).
+    Returns one result dict per case, shaped as :func:`run_distributed_case` documents; a crash or
+    timeout marks the cases without a result file.
+    """
+    if not cases:
+        return []
+    first = cases[0]
+    for c in cases:
+        if (c.world_size, c.device, c.train.threads) != (first.world_size, first.device, first.train.threads):
+            raise ValueError("cases run in one torchrun group must share world_size, device and threads")
+        if c.world_size < 2:
+            raise ValueError(f"case {c.id}: a distributed case needs world_size >= 2, got {c.world_size}")
+    os.makedirs(workdir, exist_ok=True)
+    case_paths = []
+    for c in cases:
+        path = os.path.join(workdir, f"case-{c.id}.json")
+        with open(path, "w") as f:
+            json.dump(c.to_dict(), f)
+        case_paths.append(path)
+    out_dir = os.path.join(workdir, "out")
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(first.train.threads)
+    # Make sure the ranks import this very package, wherever the caller runs from.
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    if first.device == "cpu":
+        env["ACCELERATE_USE_CPU"] = "1"
+    stderr_path = os.path.join(workdir, "stderr.txt")
+    cmd = torchrun_command(case_paths, out_dir, first.world_size, free_port(), sync_impl)
+    start = time.perf_counter()
+    status, reason = "ok", ""
+    with open(stderr_path, "wb") as err, open(os.path.join(workdir, "stdout.txt"), "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=workdir, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            if rc != 0:
+                status, reason = "crash", f"torchrun exited with {rc}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status, reason = "timeout", f"killed after {timeout_s:.0f}s"
+    wall_s = time.perf_counter() - start
+    results = []
+    for c in cases:
+        path = os.path.join(out_dir, f"{c.id}-{sync_impl}.json")
+        measurement = None
+        if os.path.exists(path):
+            with open(path) as f:
+                measurement = json.load(f)
+        if measurement is not None:
+            results.append({"status": "ok", "reason": reason, "stderr_tail": _tail(stderr_path) if reason else "",
+                            "wall_s": wall_s, "measurement": measurement})
+        else:
+            results.append({"status": status if status != "ok" else "crash",
+                            "reason": reason or "no result file written", "stderr_tail": _tail(stderr_path),
+                            "wall_s": wall_s, "measurement": {}})
+    return results
+
+
+def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: str = "accelerate") -> dict:
+    """Run one multi-rank Case under torchrun; never raises for a failed run.
+
+    Returns ``{"status": "ok"|"timeout"|"crash", "reason": str, "stderr_tail": str, "wall_s": float,
+    "measurement": {...}}`` where ``measurement`` is the JSON rank 0 wrote (``{}`` on failure).
+    """
+    return run_distributed_cases([case], workdir, timeout_s, sync_impl)[0]

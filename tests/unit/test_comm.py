@@ -1,0 +1,80 @@
+"""The communication estimate is exact arithmetic about what accelerate and DDP do: pin it down."""
+
+import sys
+
+import pytest
+
+from ckptbench.comm_estimate import accelerate_syncs, bus_bytes, comm_estimate
+
+P = 723_200  # llama-tiny fp32 parameter bytes
+N_TENSORS = 39
+
+
+def test_module_does_not_import_torch():
+    import ckptbench.comm_estimate  # noqa: F401
+
+    assert "ckptbench.comm_estimate" in sys.modules
+    # The estimate must stay usable without torch; it imports nothing heavy itself.
+    src = open(sys.modules["ckptbench.comm_estimate"].__file__).read()
+    assert "import torch" not in src
+
+
+def test_ddp_moves_gradient_bytes_every_optimizer_step():
+    est = comm_estimate(P, P, steps=16, local_sgd_steps=0, world_size=2)
+    assert est["allreduce_payload_bytes"] == 16 * P
+    assert est["payload_bytes_per_step"] == P
+    assert est["allreduce_count"] == 16 and est["syncs"] == 0
+
+
+def test_ddp_with_accumulation_still_one_allreduce_per_optimizer_step():
+    est = comm_estimate(P, P, steps=16, local_sgd_steps=0, world_size=2, grad_accum=2)
+    assert est["allreduce_payload_bytes"] == 16 * P
+
+
+@pytest.mark.parametrize("iterations,k,syncs", [(16, 4, 5), (16, 8, 3), (16, 5, 4), (3, 4, 1), (16, 1, 17)])
+def test_accelerate_syncs_every_k_calls_plus_exit(iterations, k, syncs):
+    assert accelerate_syncs(iterations, k) == syncs
+
+
+def test_local_sgd_payload_is_params_times_syncs():
+    est = comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=2, n_param_tensors=N_TENSORS)
+    assert est["syncs"] == 5
+    assert est["allreduce_payload_bytes"] == 5 * P
+    assert est["payload_bytes_per_step"] == 5 * P / 16
+    assert est["allreduce_count"] == 5 * N_TENSORS
+    assert est["barrier_count"] == 5
+
+
+def test_local_sgd_counts_micro_batches_under_accumulation():
+    # 16 optimizer steps x 2 micro-batches = 32 LocalSGD.step() calls -> 32 // 4 + 1 averagings.
+    est = comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=2, grad_accum=2, n_param_tensors=N_TENSORS)
+    assert est["syncs"] == 9
+
+
+def test_torch_averager_is_one_flat_allreduce_per_sync():
+    est = comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=2, n_param_tensors=N_TENSORS,
+                        sync_impl="torch-averager")
+    assert est["allreduce_count"] == 5 and est["barrier_count"] == 0
+    assert est["allreduce_payload_bytes"] == 5 * P
+
+
+@pytest.mark.parametrize("n,factor", [(2, 1.0), (4, 1.5), (8, 1.75)])
+def test_allreduce_bus_factor_is_nccl_tests_convention(n, factor):
+    assert bus_bytes("allreduce", 1000, n) == pytest.approx(1000 * factor)
+
+
+def test_bus_factors_of_other_collectives():
+    assert bus_bytes("allgather", 100, 4) == 300  # payload is the per-rank input: n-1 chunks pass a link
+    assert bus_bytes("reduce_scatter", 100, 4) == 75
+    assert bus_bytes("broadcast", 100, 4) == 100
+    assert bus_bytes("barrier", 0, 4) == 0
+    assert bus_bytes("allreduce", 100, 1) == 0
+
+
+def test_invalid_inputs_are_rejected():
+    with pytest.raises(ValueError):
+        comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=1)
+    with pytest.raises(ValueError):
+        comm_estimate(P, P, steps=0, local_sgd_steps=4, world_size=2)
+    with pytest.raises(ValueError):
+        comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=2, sync_impl="nope")
