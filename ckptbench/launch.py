@@ -117,3 +117,45 @@ def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: 
     "measurement": {...}}`` where ``measurement`` is the JSON rank 0 wrote (``{}`` on failure).
     """
     return run_distributed_cases([case], workdir, timeout_s, sync_impl)[0]
+
+
+def flatten_measurement(case: Case, data: dict) -> dict:
+    """The rank-0 JSON in the record's common measurement shape, the full per-rank data kept beside it.
+
+    Per step means per optimizer step, so K (counted in micro-batches by accelerate) and gradient
+    accumulation compare on one axis.
+    """
+    import statistics
+
+    s = data["summary"]
+    r0 = data["ranks"][0]
+    steps = r0["optimizer_steps"]
+    timed = [st["step_s"] for st in r0["steps"] if not st["warmup"] and not st["metered"]]
+    median = statistics.median(timed) if timed else None
+    est = s["estimate"]
+    return {
+        "comm_payload_bytes_per_step": s["allreduce_payload_bytes_per_rank"][0] / steps,
+        "comm_bus_bytes_per_step": s["bus_bytes_per_rank"][0] / steps,
+        "comm_payload_bytes": s["allreduce_payload_bytes_per_rank"][0],
+        "comm_payload_bytes_per_rank": s["allreduce_payload_bytes_per_rank"],
+        "allreduce_count": s["allreduce_count"],
+        "collectives_per_step": s["collectives_per_rank"][0] / steps,
+        "collectives_per_sync": s["collectives_per_sync"],
+        "syncs": s["syncs"],
+        "sync_time_s": s["sync_s_mean"] if case.local_sgd_steps else s["ddp_wait_s_mean"],
+        "losses": [st["loss"] for st in r0["steps"]],
+        "loss_per_rank": [[st["loss"] for st in r["steps"]] for r in data["ranks"]],
+        "divergence_before_sync": [st["divergence"] for st in r0["steps"] if st["synced"]],
+        "final_loss": s["final_loss_per_rank"][0],
+        "eval_loss": s["eval_loss_per_rank"][0],
+        "final_divergence": s["final_divergence"],
+        "step_times_s": timed,
+        "step_time_median_s": median,
+        "tokens_per_s": case.tokens_per_step / median if median else None,
+        "activations_after_forward_bytes": (r0["forward_live_bytes"] or [None])[0],
+        "params_bytes": r0["param_bytes"],
+        "comm_estimate": est,
+        "sync_impl": r0["sync_impl"],
+        "world_size_seen": r0["world_size"],
+        "distributed": data,
+    }

@@ -16,6 +16,7 @@ FAMILIES = ("llama", "qwen2", "gpt2")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("cpu", "cuda")
+SYNC_IMPLS = ("accelerate", "torch-averager")
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Case:
     grad_accum: int = 1
     world_size: int = 1
     device: str = "cpu"
+    sync_impl: str = "accelerate"  # local SGD averaging: accelerate's LocalSGD or torch's model averager
 
     @property
     def id(self) -> str:
@@ -120,7 +122,11 @@ class Case:
             name = "full"
         else:
             name = f"every-{self.every_n_layers}"
-        return name + ("+offload" if self.offload else "")
+        name += "+offload" if self.offload else ""
+        if self.world_size > 1:
+            name += f"+ddp{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
+            name += "-avg" if self.local_sgd_steps and self.sync_impl == "torch-averager" else ""
+        return name
 
     @property
     def checkpointed_layers(self) -> list[int]:

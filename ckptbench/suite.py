@@ -6,8 +6,8 @@ worker starts, so a typo costs a second, not a sweep.
 
 Axes in ``[sweep]`` are crossed.  Two kinds of pairs in that product mean nothing and are left out
 rather than rejected (a user asking for ``every_n_layers = [0, 1]`` × ``offload = [false, true]`` wants
-offload where there is something to offload): offload without checkpointing, and local SGD on one
-process.  A suite in which such a setting can never apply is rejected.
+offload where there is something to offload): offload without checkpointing, local SGD on one
+process, and a choice of averaging implementation where nothing is averaged.  A suite in which such a setting can never apply is rejected.
 """
 
 from __future__ import annotations
@@ -20,7 +20,18 @@ from dataclasses import fields
 
 import tomllib
 
-from .spec import ATTENTIONS, DEVICES, DTYPES, FAMILIES, PRESETS, Case, ModelSpec, Suite, TrainSpec
+from .spec import (
+    ATTENTIONS,
+    DEVICES,
+    DTYPES,
+    FAMILIES,
+    PRESETS,
+    SYNC_IMPLS,
+    Case,
+    ModelSpec,
+    Suite,
+    TrainSpec,
+)
 
 
 class SuiteError(Exception):
@@ -39,9 +50,9 @@ MODEL_KEYS = {"preset": str, "family": str, "dtype": str, "attn": str, "label": 
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int}
 AXES = {"batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
-        "local_sgd_steps": int, "grad_accum": int, "world_size": int}
+        "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
 AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
-                 "world_size": [1]}
+                 "world_size": [1], "sync_impl": ["accelerate"]}
 TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES}
 
 
@@ -181,6 +192,9 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
     if max(axes["local_sgd_steps"]) > 0 and max(axes["world_size"]) == 1:
         ck.fail("sweep.local_sgd_steps", "local SGD needs world_size > 1 (add it to sweep.world_size)")
+    for impl in axes["sync_impl"]:
+        if impl not in SYNC_IMPLS:
+            ck.fail("sweep.sync_impl", f"unknown averaging {impl!r}; known: {', '.join(SYNC_IMPLS)}")
     if max(axes["world_size"]) > 1 and not launcher_available():
         ck.fail("sweep.world_size", "world_size > 1 needs torchrun, which was not found")
     if max(axes["seq_len"]) > model.max_positions:
@@ -193,11 +207,13 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
     cases = []
-    for b, s, n, off, k, ga, ws in itertools.product(*(axes[a] for a in AXES)):
-        if (off and n == 0) or (k > 0 and ws == 1):
+    for b, s, n, off, k, ga, ws, impl in itertools.product(*(axes[a] for a in AXES)):
+        # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
+        # averaging implementation where nothing is averaged (plain DDP or a single process)
+        if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0):
             continue
         cases.append(Case(model=model, train=train, batch_size=b, seq_len=s, every_n_layers=n, offload=off,
-                          local_sgd_steps=k, grad_accum=ga, world_size=ws, device=device))
+                          local_sgd_steps=k, grad_accum=ga, world_size=ws, device=device, sync_impl=impl))
     budget = suite.get("memory_budget_gib")
     return Suite(
         name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],

@@ -119,6 +119,16 @@ class IsolatedRunner:
             proc.join()
 
 
+def _run_group(case: Case, work_dir: str, timeout: float) -> dict:
+    """A multi-rank Case: one torchrun group of its own, its rank-0 result in the common shape."""
+    from .launch import flatten_measurement, run_distributed_case
+
+    result = run_distributed_case(case, os.path.join(work_dir, case.id), timeout, sync_impl=case.sync_impl)
+    if result["status"] == "ok":
+        result["measurement"] = flatten_measurement(case, result["measurement"])
+    return result
+
+
 def _judge_budget(result: dict, budget: int | None) -> None:
     """On CPU there is no OOM to catch: a suite's memory budget turns an over-budget peak into a result."""
     m = result.get("measurement") or {}
@@ -176,9 +186,7 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
         for k, case in enumerate(todo):
             fault = options.faults.get(case.id)
             if case.world_size > 1:
-                from .launch import run_distributed_case
-
-                result = run_distributed_case(case, work_dir, timeout)
+                result = _run_group(case, work_dir, timeout)
             else:
                 result = runner.run(case, work_dir, timeout, fault)
             _judge_budget(result, suite.memory_budget_bytes)
