@@ -18,6 +18,7 @@ inputs it counted from the device column to the host column, which is exactly wh
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -93,6 +94,25 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+@contextlib.contextmanager
+def _no_packed_sequence_detection():
+    """Answer transformers' packed-sequence probe as a real run does for our inputs: no packing.
+
+    ``find_packed_sequence_indices`` reads the position ids' values; on fake tensors it cannot, assumes
+    packing, and builds a (b, 1, s, s) mask, which sends sdpa off its mask-free ``is_causal`` path (a
+    different kernel with different saved tensors, and with checkpointing a mask held until backward).
+    Our position ids are ``arange(s)``, for which the real probe returns None.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
 @dataclass
 class SimResult:
     """One simulated step; keys follow the harness's measurement dict so ``estimate.check`` accepts it."""
@@ -151,7 +171,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     handles = [layers[i].register_forward_pre_hook(count_input, with_kwargs=True) for i in ckpt_idx]
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
         model.to_empty(device="cpu")
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         init_adamw_state(optimizer)
