@@ -90,8 +90,8 @@ def _range(values: list[float], fmt) -> str:
     if not values:
         return "–"
     s = pd.Series(values)
-    if len(s) == 1:
-        return fmt(s.iloc[0])
+    if fmt(s.min()) == fmt(s.max()):
+        return fmt(s.median())
     return f"{fmt(s.median())} ({fmt(s.min())} … {fmt(s.max())})"
 
 
@@ -187,7 +187,7 @@ def environment(frame: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
-    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["variant", "K", "strategy", "batch", "seq"])
+    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq"])
     rows = []
     for _, r in dist.iterrows():
         losses = r["losses"] if isinstance(r["losses"], list) else []
@@ -195,13 +195,13 @@ def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
                      "world": f"{r['world']:.0f}", "payload": fmt_bytes(r["comm_payload"]),
                      "bus": fmt_bytes(r["comm_bus"]), "collectives": fmt_num(r["collectives"]),
                      "sync": fmt_num(r["sync_s"] * 1e3 if not math.isnan(r["sync_s"]) else r["sync_s"]),
-                     "tok_s": fmt_num(r["tok_s"], 4),
+                     "tok_s": "–" if math.isnan(r["tok_s"]) else f"{r['tok_s']:.0f}",
                      "final_loss": f"{losses[-1]:.4f}" if losses else "–"})
     return rows
 
 
 DELTA_QUANTITIES = (("peak", "peak memory", fmt_bytes), ("after_fwd", "after forward", fmt_bytes),
-                    ("step_s", "step time (s)", fmt_num), ("tok_s", "tokens/s", lambda v: fmt_num(v, 4)))
+                    ("step_s", "step time (s)", fmt_num), ("tok_s", "tokens/s", lambda v: "–" if math.isnan(v) else f"{v:.0f}"))
 
 
 def deltas(t: pd.DataFrame, base: pd.DataFrame) -> dict:
