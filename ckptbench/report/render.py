@@ -82,7 +82,7 @@ def _guard(ctx: Context, name: str, fn, default=None):
         return default
 
 
-def _load(path: str, ctx: Context | None = None):
+def _load(path: str):
     loaded = load_records(path)
     frame = to_frame(loaded.records)
     t = tidy(frame) if len(frame) else None

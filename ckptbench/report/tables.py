@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from .columns import CHECK_FIELDS, env_columns, has, strategies, strategy_order
+from .columns import CHECK_FIELDS, env_columns, strategies, strategy_order
 
 GIB = 2**30
 
@@ -225,6 +225,3 @@ def deltas(t: pd.DataFrame, base: pd.DataFrame) -> dict:
     return {"rows": rows, "matched": len(common), "only_current": len(set(cur.index) - set(old.index)),
             "only_baseline": len(set(old.index) - set(cur.index))}
 
-
-def present(t: pd.DataFrame, *columns: str) -> bool:
-    return all(has(t, c) for c in columns)
