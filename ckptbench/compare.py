@@ -290,7 +290,8 @@ def points_from_benchmark_json(data: dict) -> tuple[list[Point], list[str]]:
         p90 = data_points[max(1, math.ceil(0.9 * len(data_points))) - 1] if data_points else None
         mean, stddev = stats.get("mean"), stats.get("stddev")
         cv = stddev / mean if mean and stddev is not None else None
-        by_name[name] = Point(name, name, extra.get("status", "ok"), values, _spread(stats.get("median"), p90, cv))
+        label = bench.get("name") or name
+        by_name[name] = Point(name, label, extra.get("status", "ok"), values, _spread(stats.get("median"), p90, cv))
     return list(by_name.values()), problems
 
 

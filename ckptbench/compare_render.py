@@ -38,24 +38,32 @@ def _spread_note(point: PointComparison) -> str:
     return f"old {pct(point.old_spread)}, new {pct(point.new_spread)}"
 
 
+def _name(point) -> str:
+    """Key, then label unless the key already says it (a benchmark's name is part of its fullname)."""
+    return point.key if not point.label or point.label in point.key else f"{point.key} {point.label}"
+
+
 def comparison_table(comparison: Comparison, old_name: str, new_name: str):
+    from rich.markup import escape
     from rich.table import Table
 
     t = comparison.thresholds
-    table = Table(title=f"ckptbench compare ({comparison.kind}): {old_name} -> {new_name}  "
+    table = Table(title=f"ckptbench compare ({comparison.kind}): {escape(old_name)} -> {escape(new_name)}  "
                         f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]")
     for col in ("point", "quantity", "old", "new", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("old", "new", "change") else "left",
                          overflow="fold")
     for point in comparison.points:
-        name = f"{point.label}\n[dim]{point.key}[/dim]" if point.label != point.key else point.key
+        # Benchmark names carry [params]: escaped, or rich would read them as markup and drop them.
+        name = escape(point.label) if point.label in ("", point.key) else \
+            f"{escape(point.label)}\n[dim]{escape(point.key)}[/dim]"
         rows = []
         if point.old_status != "ok" or point.new_status != "ok":
             rows.append(("status", point.old_status, point.new_status, "",
                          "[bold red]REGRESSED[/bold red]" if point.status_regressed else ""))
         for d in point.deltas:
-            label = d.label + (" [yellow](noisy)[/yellow]" if point.noisy and QUANTITY_BY_KEY[d.quantity].kind
-                               == "time" else "")
+            noisy = point.noisy and QUANTITY_BY_KEY[d.quantity].kind == "time"
+            label = d.label + (" [yellow](noisy)[/yellow]" if noisy else "")
             rows.append((label, format_value(d.quantity, d.old), format_value(d.quantity, d.new),
                          format_change(d.change), _verdict(d)))
         for k, row in enumerate(rows):
@@ -70,16 +78,16 @@ def summary_lines(comparison: Comparison) -> list[str]:
     if comparison.env_changes:
         lines.append("environment changed: " + "; ".join(comparison.env_changes))
     for p in comparison.noisy:
-        lines.append(f"noisy comparison: {p.key} {p.label}: step-time spread ({_spread_note(p)}) is wider "
+        lines.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
                      f"than the {t.time:.0%} time threshold; run more steps before trusting its time verdict")
     for side, points in (("old", comparison.only_old), ("new", comparison.only_new)):
         for p in points:
-            lines.append(f"only in {side}: {p.key} {p.label} ({p.status}); not compared, does not fail")
+            lines.append(f"only in {side}: {_name(p)} ({p.status}); not compared, does not fail")
     if not comparison.points:
         lines.append("no point in common: Case ids hash every setting (model, steps, seed, ...), "
                      "so runs of different suites share no points")
     for p in comparison.regressions:
-        lines.append(f"REGRESSION {p.key} {p.label}: " + "; ".join(p.reasons(t)))
+        lines.append(f"REGRESSION {_name(p)}: " + "; ".join(p.reasons(t)))
     n = len(comparison.regressions)
     lines.append(f"{n} of {len(comparison.points)} compared points regressed" if n else
                  f"no regression among {len(comparison.points)} compared points "

@@ -24,24 +24,24 @@ from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.worker import _train_step, measure, offload_without_pinning, pinned_memory_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ROUNDS = 20
 WARMUP_ROUNDS = 3
 TRAIN = TrainSpec(warmup_steps=1, memory_steps=1, steps=5, seed=0, threads=1)
 
-# (preset, batch, seq, every_n_layers, offload): every strategy on the tiny Llama, a larger Llama where
-# recompute costs real time, and the other two families once with full checkpointing.
+# (preset, batch, seq, every_n_layers, offload, rounds): every strategy on the tiny Llama, a larger Llama
+# where recompute costs real time, and the other two families once with full checkpointing.  Tiny steps
+# (tens of ms on one CPU thread) get more rounds so their median is worth comparing; about 2-8 s each.
 POINTS = [
-    ("llama-tiny", 2, 64, 0, False),
-    ("llama-tiny", 2, 64, 2, False),
-    ("llama-tiny", 2, 64, 1, False),
-    ("llama-tiny", 2, 64, 1, True),
-    ("llama-small", 2, 256, 0, False),
-    ("llama-small", 2, 256, 1, False),
-    ("qwen2-tiny", 2, 64, 1, False),
-    ("gpt2-tiny", 2, 64, 1, False),
+    ("llama-tiny", 2, 64, 0, False, 50),
+    ("llama-tiny", 2, 64, 2, False, 50),
+    ("llama-tiny", 2, 64, 1, False, 50),
+    ("llama-tiny", 2, 64, 1, True, 50),
+    ("llama-small", 2, 256, 0, False, 15),
+    ("llama-small", 2, 256, 1, False, 15),
+    ("qwen2-tiny", 2, 64, 1, False, 50),
+    ("gpt2-tiny", 2, 64, 1, False, 50),
 ]
-CASES = [Case(preset(name), TRAIN, batch, seq, every, offload, device=DEVICE)
-         for name, batch, seq, every, offload in POINTS]
+CASES = [(Case(preset(name), TRAIN, batch, seq, every, offload, device=DEVICE), rounds)
+         for name, batch, seq, every, offload, rounds in POINTS]
 MEMORY_KEYS = ("peak_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes", "saved_bytes",
                "checkpointed_input_bytes", "offloaded_bytes")
 
@@ -55,8 +55,8 @@ def _offload_context(case: Case):
     return offload_without_pinning() if case.offload and pinned_memory_error() else nullcontext()
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_train_step(benchmark, case: Case):
+@pytest.mark.parametrize("case, rounds", CASES, ids=[_case_id(c) for c, _ in CASES])
+def test_train_step(benchmark, case: Case, rounds: int):
     measured = measure(case)
 
     torch.manual_seed(case.train.seed)
@@ -71,7 +71,7 @@ def test_train_step(benchmark, case: Case):
             _train_step(model, optimizer, batch, case.grad_accum)
             sync()
 
-        benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+        benchmark.pedantic(step, rounds=rounds, warmup_rounds=WARMUP_ROUNDS, iterations=1)
 
     median = benchmark.stats.stats.median
     benchmark.extra_info.update(
