@@ -32,6 +32,31 @@ def storage_key(t: torch.Tensor) -> int | None:
     return st.data_ptr()
 
 
+class StorageSerials:
+    """A unique number per live allocation.
+
+    Addresses are reused as soon as memory is freed (the forward frees and reallocates all the time),
+    so an address alone would merge two different tensors.  A serial is handed out the first time an
+    address is seen and retired by a finalizer when that storage is freed, so the next allocation at
+    the same address gets a new serial.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[int, int] = {}
+        self._next = 0
+
+    def __call__(self, t: torch.Tensor) -> int | None:
+        key = storage_key(t)
+        if key is None:
+            return None
+        serial = self._live.get(key)
+        if serial is None:
+            serial = self._live[key] = self._next
+            self._next += 1
+            weakref.finalize(t.untyped_storage(), self._live.pop, key, None)
+        return serial
+
+
 @dataclass
 class MemoryResult:
     """What one probe saw over the memory steps (bytes)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .memory import probe_for, storage_key
+from .memory import StorageSerials, probe_for
 from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
 from .saved import LayerProbe, SavedTensorCounter
 from .spec import Case
@@ -86,9 +86,10 @@ def _train_step(model, optimizer, batch, grad_accum: int) -> float:
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
     """One step under the memory probe, the saved-tensor counter and the layer probe."""
     probe = probe_for(batch.device, model, optimizer, [batch])
-    param_keys = {storage_key(p) for p in model.parameters()}
-    counter = SavedTensorCounter(param_keys)
-    layer_probe = LayerProbe(layers)
+    serials = StorageSerials()
+    param_keys = {serials(p) for p in model.parameters()}
+    counter = SavedTensorCounter(serials, param_keys)
+    layer_probe = LayerProbe(serials, layers)
     with layer_probe:
         probe.start()
         try:
