@@ -43,7 +43,7 @@ def summary_table(records: list[dict]):
 
     table = Table(title="ckptbench sweep", show_lines=False)
     for col in ("strategy", "batch", "seq", "status", "after fwd MiB", "peak MiB", "ckpt inputs MiB",
-                "recomputed", "step ms", "tok/s", "setup s"):
+                "recomputed", "step ms", "tok/s", "setup s", "estimate"):
         table.add_column(col, justify="right" if col not in ("strategy", "status") else "left")
     for r in records:
         m = r.get("measurement") or {}
@@ -57,6 +57,7 @@ def summary_table(records: list[dict]):
             f"{median * 1e3:.1f}" if median else "-",
             f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
             f"{m['setup_s']:.2f}" if m.get("setup_s") else "-",
+            r.get("verdict", "-"),
         )
     return table
 
