@@ -145,36 +145,17 @@ def test_check_verdicts():
     assert by["peak_breakdown.grads"].verdict == "skip"
 
 
-# --- against the real model, measured with a small live-storage tracker -----------------------------
+# --- against the real model, measured by the harness's own worker ------------------------------------
 @pytest.mark.parametrize("every", [0, 2, 1])
-def test_after_forward_activations_match_real_tiny_llama(every):
-    """Tiny Llama fp32 eager b=2 s=128: estimate within 5% of exactly measured live bytes (it is exact)."""
-    import torch
+def test_after_forward_matches_the_harness_measurement_on_tiny_llama(every):
+    """Tiny Llama fp32 eager b=2 s=128: estimate within 5% of the exactly measured live bytes (it is exact)."""
+    from ckptbench.worker import measure
 
-    from ckptbench.models import build_model, enable_checkpointing, synthetic_batch
-    from ckptbench.simulate import LiveBytes, init_adamw_state
-
-    torch.manual_seed(0)
-    spec = preset("llama-tiny")
-    model = build_model(spec)
-    enable_checkpointing(model, every, offload=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    init_adamw_state(opt)
-    ids = synthetic_batch(spec.vocab, 2, 128, seed=0)
-    tr = LiveBytes()
-    for p in model.parameters():
-        tr.track(p, "params")
-    for b in model.buffers():
-        tr.track(b, "params")
-    for st in opt.state.values():
-        for v in st.values():
-            tr.track(v, "optimizer")
-    tr.track(ids, "activations")
-    static = tr.by_category["params"] + tr.by_category["optimizer"]
-    with tr:
-        loss = model(input_ids=ids, labels=ids).loss
-        measured = tr.total - static
-    del loss
-    e = E.estimate(spec, 2, 128, every)
-    assert abs(measured / e.activations_after_forward_bytes - 1) <= 0.05
-    assert measured == e.activations_after_forward_bytes  # today the model is exact on CPU
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1), batch_size=2, seq_len=128,
+                every_n_layers=every)
+    m = measure(case)
+    e = E.estimate_case(case)
+    for key in ("mem_after_forward_bytes", "activations_after_forward_bytes"):
+        assert abs(m[key] / getattr(e, key) - 1) <= 0.05
+        assert m[key] == getattr(e, key)  # today the model is exact on CPU
+    assert m["checkpointed_input_bytes"] == e.checkpointed_input_bytes
