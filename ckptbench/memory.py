@@ -23,13 +23,17 @@ CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
 def storage_key(t: torch.Tensor) -> int | None:
-    """Identity of the memory a tensor lives in (None for empty or meta tensors)."""
+    """Identity of the storage a tensor lives in (None for empty or meta tensors).
+
+    The storage object's C pointer, not ``data_ptr``: it is unique among live storages and exists for
+    fake tensors too (whose ``data_ptr`` is always 0), so the same tracker serves ``--simulate``.
+    """
     if t.device.type == "meta" or t.is_sparse:
         return None
     st = t.untyped_storage()
     if st.nbytes() == 0:
         return None
-    return st.data_ptr()
+    return st._cdata
 
 
 class StorageSerials:
