@@ -26,6 +26,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m ckptbench sweep --suite $(SUITE) --out results/$(RUN) --report reports/$(RUN).html
 
+# Train-step benchmarks (pytest-benchmark, tests/benchmarks/); compare two with `python -m ckptbench compare`.
+perf: $(STAMP)
+	mkdir -p results
+	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-json=results/perf-$$(date +%Y%m%d-%H%M%S).json
+
 lint: $(STAMP)
 	$(PY) -m ruff check ckptbench tests
 

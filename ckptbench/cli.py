@@ -11,13 +11,10 @@ import os
 import sys
 import time
 
+from .errors import UsageError
 from .suite import SuiteError, load_suite
 
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A user mistake the CLI reports in one line (exit 2)."""
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -147,6 +144,34 @@ def cmd_report(args) -> int:
     return _render(args.run, out, Console(stderr=True))
 
 
+def _percent(text: str) -> float:
+    from .compare import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from .compare import Thresholds, compare_paths
+    from .compare_render import comparison_table, summary_lines
+
+    comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time))
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2, default=str))
+    else:
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        console.print(comparison_table(comparison, args.old, args.new))
+        for line in summary_lines(comparison):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 1 if comparison.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="results directory")
     p.add_argument("-o", "--output", help="HTML file (default reports/<run>.html)")
     p.set_defaults(func=cmd_report)
+
+    from .compare import HELP as compare_help
+
+    p = sub.add_parser("compare", help="what got better or worse between two runs (exit 1 on a regression)",
+                       description=compare_help, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old", help="baseline: results directory, records.jsonl or pytest-benchmark JSON")
+    p.add_argument("new", help="candidate, of the same kind as OLD")
+    p.add_argument("--fail-memory", type=_percent, default="2%", metavar="PCT",
+                   help="fail when peak / after-forward / saved-activation memory grows by more (default 2%%)")
+    p.add_argument("--fail-time", type=_percent, default="10%", metavar="PCT",
+                   help="fail when median step time grows or tokens/s drops by more (default 10%%)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    p.set_defaults(func=cmd_compare)
 
     from .gpu_cmd import add_parsers as add_gpu_parsers
 

@@ -1,0 +1,159 @@
+"""The one place where record field names meet the report.
+
+Records grow fields as the project grows (estimates, checks, local-SGD measurements) and some names are
+still provisional.  Every section of the report reads a *tidy* frame with short, stable column names; the
+dotted record paths they come from are listed here once, so renaming a record field is a one-line change.
+A column whose field no run has produced yet is still present (all missing), so sections test for data,
+never for the existence of a column.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+# short name -> (dotted column of results.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
+COLUMNS: dict[str, tuple[str, str]] = {
+    "case_id": ("case_id", "str"),
+    "suite": ("suite", "str"),
+    "status": ("status", "str"),
+    "reason": ("reason", "str"),
+    "stderr_tail": ("stderr_tail", "str"),
+    "strategy": ("strategy", "str"),
+    "model_name": ("case.model.name", "str"),
+    "family": ("case.model.family", "str"),
+    "hidden": ("case.model.hidden", "num"),
+    "layers": ("case.model.layers", "num"),
+    "dtype": ("case.model.dtype", "str"),
+    "attn": ("case.model.attn", "str"),
+    "batch": ("case.batch_size", "num"),
+    "seq": ("case.seq_len", "num"),
+    "every_n": ("case.every_n_layers", "num"),
+    "offload": ("case.offload", "bool"),
+    "K": ("case.local_sgd_steps", "num"),
+    "world": ("case.world_size", "num"),
+    "accum": ("case.grad_accum", "num"),
+    "device": ("case.device", "str"),
+    # measurement
+    "after_fwd": ("measurement.mem_after_forward_bytes", "num"),
+    "act_after_fwd": ("measurement.activations_after_forward_bytes", "num"),
+    "peak": ("measurement.peak_bytes", "num"),
+    "bd_params": ("measurement.peak_breakdown.params", "num"),
+    "bd_grads": ("measurement.peak_breakdown.grads", "num"),
+    "bd_optimizer": ("measurement.peak_breakdown.optimizer", "num"),
+    "bd_activations": ("measurement.peak_breakdown.activations", "num"),
+    "saved": ("measurement.saved_bytes", "num"),
+    "ckpt_inputs": ("measurement.checkpointed_input_bytes", "num"),
+    "offloaded": ("measurement.offloaded_bytes", "num"),
+    "recomputed": ("measurement.recomputed_layers", "obj"),
+    "step_s": ("measurement.step_time_median_s", "num"),
+    "step_p90_s": ("measurement.step_time_p90_s", "num"),
+    "step_cv": ("measurement.step_time_cv", "num"),
+    "tok_s": ("measurement.tokens_per_s", "num"),
+    "setup_s": ("measurement.setup_s", "num"),
+    "losses": ("measurement.losses", "obj"),
+    "offload_pinned": ("measurement.offload_pinned", "obj"),
+    "offload_note": ("measurement.offload_note", "str"),
+    # local SGD / DDP (provisional names)
+    "comm_payload": ("measurement.comm_payload_bytes_per_step", "num"),
+    "comm_bus": ("measurement.comm_bus_bytes_per_step", "num"),
+    "collectives": ("measurement.collectives_per_step", "num"),
+    "sync_s": ("measurement.sync_time_s", "num"),
+    "loss_per_rank": ("measurement.loss_per_rank", "obj"),
+    # analytic estimate
+    "est_after_fwd": ("estimate.mem_after_forward_bytes", "num"),
+    "est_act_after_fwd": ("estimate.activations_after_forward_bytes", "num"),
+    "est_peak": ("estimate.peak_bytes", "num"),
+    "est_ckpt_inputs": ("estimate.checkpointed_input_bytes", "num"),
+    "est_offloaded": ("estimate.offloaded_bytes", "num"),
+    "est_params": ("estimate.params_bytes", "num"),
+    "est_optimizer": ("estimate.optimizer_bytes", "num"),
+    "checks": ("checks", "obj"),
+}
+
+# Fields of one entry of record["checks"].
+CHECK_FIELDS = ("quantity", "measured", "estimated", "ratio", "tolerance", "verdict", "difference")
+
+# Environment keys shown first, in this order; any other env.* column follows.
+ENV_FIRST = ("device_name", "driver", "cuda_runtime", "torch", "torch_version", "transformers_version",
+             "accelerate_version", "numpy_version", "python", "platform", "cpu", "cpu_count", "hostname",
+             "git_commit")
+
+
+def _missing(value) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # lists and dicts are data, not missing
+        return False
+
+
+def tidy(frame: pd.DataFrame) -> pd.DataFrame:
+    """The records frame with the short column names above, typed, plus derived labels."""
+    out = pd.DataFrame(index=frame.index)
+    for short, (dotted, kind) in COLUMNS.items():
+        col = frame[dotted] if dotted in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+        if kind == "num":
+            out[short] = pd.to_numeric(col, errors="coerce").astype(float)
+        elif kind == "str":
+            out[short] = [("" if _missing(v) else str(v)) for v in col]
+        elif kind == "bool":
+            out[short] = [bool(v) if not _missing(v) else False for v in col]
+        else:
+            out[short] = [None if _missing(v) else v for v in col]
+    out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")
+                    for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
+    out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
+                                                                         out["offload"])]
+    out["variant"] = [_variant(r) for r in out.itertuples()]
+    out["ok"] = out["status"] == "ok"
+    return out
+
+
+def _strategy_name(every_n, offload) -> str:
+    if _missing(every_n):
+        return "?"
+    n = int(every_n)
+    name = "none" if n == 0 else "full" if n == 1 else f"every-{n}"
+    return name + ("+offload" if offload else "")
+
+
+def _variant(row) -> str:
+    """Everything but batch, seq and strategy: points with equal variants are comparable."""
+    parts = [row.model, row.dtype or "?"]
+    if not _missing(row.world) and row.world > 1:
+        parts.append(f"world {row.world:.0f}")
+        parts.append("DDP" if not row.K else f"K={row.K:.0f}")
+    if not _missing(row.accum) and row.accum > 1:
+        parts.append(f"accum {row.accum:.0f}")
+    return " · ".join(parts)
+
+
+def strategy_order(name: str) -> tuple:
+    """none, every-n (larger n first, i.e. less checkpointing), full; then the same with offload."""
+    base, _, extra = name.partition("+")
+    if base == "none":
+        rank = 0.0
+    elif base == "full":
+        rank = 1.0
+    elif base.startswith("every-") and base[6:].isdigit():
+        rank = 1.0 / int(base[6:])
+    else:
+        rank = 2.0
+    return (extra != "", rank, name)
+
+
+def strategies(t: pd.DataFrame) -> list[str]:
+    return sorted(set(t["strategy"]), key=strategy_order)
+
+
+def has(t: pd.DataFrame, column: str) -> bool:
+    """Whether any record carries this field."""
+    return column in t.columns and t[column].notna().any()
+
+
+def env_columns(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(key, dotted column) for every env.* column, well-known keys first."""
+    keys = [c[4:] for c in frame.columns if c.startswith("env.")]
+    ordered = [k for k in ENV_FIRST if k in keys] + sorted(k for k in keys if k not in ENV_FIRST)
+    return [(k, f"env.{k}") for k in ordered]

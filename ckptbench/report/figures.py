@@ -1,0 +1,355 @@
+"""Figures of the report, drawn with matplotlib's Agg backend and embedded as base64 SVG data URIs.
+
+The report must open offline and stay one file, so nothing is referenced: text is drawn as paths
+(``svg.fonttype = "path"``, no font files) and each figure is an ``<img src="data:image/svg+xml;...">``.
+Output is deterministic (fixed hash salt, no date) so two renders of the same records are identical.
+Each function returns None when the run lacks the data for it; the report then leaves the figure out.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .columns import strategy_order  # noqa: E402
+from .tables import pareto_mask  # noqa: E402
+
+MIB = 2**20
+MAX_PANELS = 6
+STYLE = {"svg.fonttype": "path", "svg.hashsalt": "ckptbench", "font.size": 9, "axes.grid": True,
+         "grid.alpha": 0.3, "figure.dpi": 100}
+
+
+@dataclass(frozen=True)
+class Figure:
+    title: str
+    uri: str
+    alt: str
+    caption: str = ""
+
+
+def _encode(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _colors(names: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {n: cmap(i % 10) for i, n in enumerate(names)}
+
+
+def _series(t: pd.DataFrame) -> pd.Series:
+    """Line label: the strategy, prefixed by the variant when the run mixes models or settings."""
+    if t["variant"].nunique() > 1:
+        return t["variant"] + " · " + t["strategy"]
+    return t["strategy"]
+
+
+def _series_names(t: pd.DataFrame) -> list[str]:
+    labels = _series(t)
+    pairs = sorted(set(zip(t["variant"], t["strategy"], labels)), key=lambda p: (p[0], strategy_order(p[1])))
+    return [p[2] for p in pairs]
+
+
+def _line_style(series: str) -> dict:
+    """Offload variants get hollow squares and a dash-dot line, so a strategy that uses exactly the same
+    memory with and without offload (any CPU run) stays visible instead of hiding under its twin."""
+    if series.endswith("+offload"):
+        return {"marker": "s", "markerfacecolor": "none", "markersize": 8, "linestyle": "-."}
+    return {"marker": "o", "linestyle": "-"}
+
+
+def _grid(n: int, rows_per: int = 1):
+    cols = min(n, 3)
+    blocks = math.ceil(n / cols)
+    return cols, blocks * rows_per
+
+
+def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
+    """After-forward and peak memory against `axis` (seq or batch), a line per strategy, a panel per
+    value of the other axis; the estimate, when records carry one, dashed in the same colour."""
+    other = "batch" if axis == "seq" else "seq"
+    ok = t[t["ok"]].dropna(subset=["peak"]).copy()
+    if ok[axis].nunique() < 2:
+        return None
+    ok["series"] = _series(ok)
+    names = _series_names(ok)
+    colors = _colors(names)
+    panels = sorted(ok[other].unique())[:MAX_PANELS]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels) + 1.5, 6.4), squeeze=False,
+                                 sharex=True)
+        for j, value in enumerate(panels):
+            sub = ok[ok[other] == value]
+            for i, (col, est, what) in enumerate((("after_fwd", "est_after_fwd", "after forward"),
+                                                  ("peak", "est_peak", "peak"))):
+                ax = axes[i][j]
+                for name in names:
+                    s = sub[sub["series"] == name].sort_values(axis)
+                    if s.empty:
+                        continue
+                    ax.plot(s[axis], s[col] / MIB, color=colors[name], label=name, **_line_style(name))
+                    if s[est].notna().any():
+                        ax.plot(s[axis], s[est] / MIB, linestyle="--", color=colors[name], alpha=0.8,
+                                label=f"{name} (estimate)")
+                ax.set_title(f"{what}, {other} {value:.0f}")
+                ax.set_ylabel("MiB")
+                ax.set_xscale("log", base=2)
+                ticks = sorted(ok[axis].unique())
+                ax.set_xticks(ticks, [f"{v:.0f}" for v in ticks])
+                ax.minorticks_off()
+                if i == 1:
+                    ax.set_xlabel("sequence length" if axis == "seq" else "batch size")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    title = "Memory vs sequence length" if axis == "seq" else "Memory vs batch size"
+    dashed = " Dashed: analytic estimate." if ok["est_peak"].notna().any() else ""
+    return Figure(title, uri, f"{title}, one line per checkpointing strategy",
+                  f"Solid: measured (live tensor bytes).{dashed}")
+
+
+def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
+    """Bars per strategy when no axis has two values to draw a line over (e.g. a smoke run)."""
+    ok = t[t["ok"]].dropna(subset=["peak"]).copy()
+    if ok.empty:
+        return None
+    ok["series"] = _series(ok)
+    names = _series_names(ok)
+    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(shapes), figsize=(max(5.0, 1.0 * len(names)) * len(shapes), 3.8),
+                                 squeeze=False)
+        for j, (b, s) in enumerate(shapes):
+            ax = axes[0][j]
+            sub = ok[(ok["batch"] == b) & (ok["seq"] == s)].set_index("series")
+            present = [n for n in names if n in sub.index]
+            x = range(len(present))
+            rows = [sub.loc[[n]].iloc[0] for n in present]
+            ax.bar([i - 0.2 for i in x], [r["after_fwd"] / MIB for r in rows], 0.4, label="after forward")
+            ax.bar([i + 0.2 for i in x], [r["peak"] / MIB for r in rows], 0.4, label="peak")
+            for est, dx in (("est_after_fwd", -0.2), ("est_peak", 0.2)):
+                ys = [(i + dx, r[est] / MIB) for i, r in zip(x, rows) if not math.isnan(r[est])]
+                if ys:
+                    ax.scatter(*zip(*ys), marker="_", s=300, color="black", zorder=3,
+                               label="estimate" if est == "est_peak" else None)
+            ax.set_xticks(list(x), present, rotation=30, ha="right")
+            ax.set_ylabel("MiB")
+            ax.set_title(f"batch {b:.0f}, seq {s:.0f}")
+        axes[0][0].legend(frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Memory by strategy", uri, "after-forward and peak memory per strategy",
+                  "Measured after-forward and peak memory; black marks are the analytic estimate when present.")
+
+
+def pareto(t: pd.DataFrame) -> Figure | None:
+    """Tokens/s against peak memory for every ok point, the Pareto front joined.  Tokens/s is the
+    throughput measure that stays comparable across batch sizes and sequence lengths."""
+    ok = t[t["ok"]].dropna(subset=["peak", "tok_s"]).copy()
+    if ok.empty:
+        return None
+    ok["series"] = _series(ok)
+    names = _series_names(ok)
+    colors = _colors(names)
+    front = ok[pareto_mask(ok["peak"], ok["tok_s"], maximize_y=True)].sort_values("peak")
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        _scatter_front(ax, ok, names, colors, front, "tok_s", 1.0)
+        ax.set_xlabel("peak memory (MiB)")
+        ax.set_ylabel("tokens/s")
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Tokens per second vs peak memory", uri, "tokens per second against peak memory with the "
+                  "Pareto front", f"Circled points form the Pareto front: no other point has both lower peak "
+                  f"memory and more tokens/s. {len(front)} of {len(ok)} points are on it.")
+
+
+def _scatter_front(ax, ok, names, colors, front, y, scale) -> None:
+    for name in names:
+        s = ok[ok["series"] == name]
+        style = _line_style(name)
+        ax.scatter(s["peak"] / MIB, s[y] * scale, label=name, s=36, zorder=3, marker=style["marker"],
+                   facecolors="none" if "markerfacecolor" in style else colors[name], edgecolors=colors[name])
+    ax.plot(front["peak"] / MIB, front[y] * scale, color="black", linewidth=1, zorder=2, label="Pareto front")
+    ax.scatter(front["peak"] / MIB, front[y] * scale, facecolors="none", edgecolors="black", s=110, zorder=4)
+
+
+def step_time_pareto(t: pd.DataFrame) -> Figure | None:
+    """Median step time against peak memory, a panel per (batch, seq): at a fixed amount of work, which
+    strategies trade time for memory well (the front) and which are beaten on both."""
+    ok = t[t["ok"]].dropna(subset=["peak", "step_s"]).copy()
+    if ok.empty:
+        return None
+    ok["series"] = _series(ok)
+    names = _series_names(ok)
+    colors = _colors(names)
+    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    ncols, nrows = _grid(len(shapes))
+    on_front = 0
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols + 1.5, 3.4 * nrows), squeeze=False)
+        for k, (b, sq) in enumerate(shapes):
+            ax = axes[k // ncols][k % ncols]
+            sub = ok[(ok["batch"] == b) & (ok["seq"] == sq)]
+            front = sub[pareto_mask(sub["peak"], sub["step_s"])].sort_values("peak")
+            on_front += len(front)
+            _scatter_front(ax, sub, [n for n in names if n in set(sub["series"])], colors, front, "step_s", 1e3)
+            ax.set_title(f"batch {b:.0f}, seq {sq:.0f}")
+            ax.set_xlabel("peak memory (MiB)")
+            ax.set_ylabel("median step time (ms)")
+        for k in range(len(shapes), nrows * ncols):
+            axes[k // ncols][k % ncols].set_visible(False)
+        handles, labels = [], []
+        for ax in fig.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Step time vs peak memory, per batch and sequence length", uri,
+                  "median step time against peak memory per workload, with the Pareto front",
+                  f"Within each panel the work per step is the same; circled points form that panel's Pareto "
+                  f"front (no other strategy is both faster and smaller). {on_front} of {len(ok)} points are "
+                  f"on a front.")
+
+
+BREAKDOWN = (("bd_params", "params"), ("bd_grads", "grads"), ("bd_optimizer", "optimizer"),
+             ("bd_activations", "activations"))
+
+
+def breakdown(t: pd.DataFrame) -> Figure | None:
+    """What the peak is made of, per strategy, a panel per (batch, seq)."""
+    cols = [c for c, _ in BREAKDOWN]
+    ok = t[t["ok"]].dropna(subset=cols, how="all").copy()
+    if ok.empty:
+        return None
+    ok["series"] = _series(ok)
+    names = _series_names(ok)
+    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    ncols, nrows = _grid(len(shapes))
+    colors = plt.get_cmap("Set2")
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.0, 0.8 * len(names)) * ncols, 3.6 * nrows),
+                                 squeeze=False)
+        for k, (b, s) in enumerate(shapes):
+            ax = axes[k // ncols][k % ncols]
+            sub = ok[(ok["batch"] == b) & (ok["seq"] == s)].drop_duplicates("series").set_index("series")
+            present = [n for n in names if n in sub.index]
+            bottom = [0.0] * len(present)
+            for i, (col, label) in enumerate(BREAKDOWN):
+                vals = [0.0 if math.isnan(sub.loc[n, col]) else sub.loc[n, col] / MIB for n in present]
+                ax.bar(present, vals, bottom=bottom, color=colors(i), label=label)
+                bottom = [a + v for a, v in zip(bottom, vals)]
+            ax.set_title(f"batch {b:.0f}, seq {s:.0f}")
+            ax.set_ylabel("MiB at peak")
+            ax.tick_params(axis="x", rotation=30)
+        for k in range(len(shapes), nrows * ncols):
+            axes[k // ncols][k % ncols].set_visible(False)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Memory breakdown at peak", uri, "stacked bars of params, grads, optimizer, activations",
+                  "Live bytes at the peak, split by what owns them.")
+
+
+def estimate_vs_measured(rows: list[dict]) -> Figure | None:
+    """Measured against estimated for each check, per quantity, with the y = x line."""
+    pts = [r for r in rows if isinstance(r.get("measured"), (int, float)) and isinstance(r.get("estimated"),
+                                                                                         (int, float))]
+    if not pts:
+        return None
+    quantities = sorted({str(r["quantity"]) for r in pts})
+    colors = _colors(quantities)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for q in quantities:
+            qs = [r for r in pts if str(r["quantity"]) == q]
+            ax.scatter([r["estimated"] / MIB for r in qs], [r["measured"] / MIB for r in qs], color=colors[q],
+                       label=q, s=24)
+        lo = min(min(r["estimated"], r["measured"]) for r in pts) / MIB
+        hi = max(max(r["estimated"], r["measured"]) for r in pts) / MIB
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle=":", label="measured = estimate")
+        ax.set_xlabel("estimate (MiB)")
+        ax.set_ylabel("measured (MiB)")
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Measured vs estimate", uri, "measured against estimated bytes per checked quantity")
+
+
+def _k_label(k: float) -> str:
+    return "DDP" if not k else f"K={k:.0f}"
+
+
+def comm_vs_k(t: pd.DataFrame) -> Figure | None:
+    dist = t[(t["world"] > 1) & t["ok"]].dropna(subset=["comm_payload"])
+    if dist.empty:
+        return None
+    per_k = dist.groupby("K")[["comm_payload", "comm_bus"]].median().sort_index()
+    labels = [_k_label(k) for k in per_k.index]
+    x = range(len(labels))
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.5, 4.0))
+        ax.bar([i - 0.2 for i in x], per_k["comm_payload"] / MIB, 0.4, label="payload")
+        if per_k["comm_bus"].notna().any():
+            ax.bar([i + 0.2 for i in x], per_k["comm_bus"] / MIB, 0.4, label="bus (×2(n−1)/n)")
+        ax.set_xticks(list(x), labels)
+        ax.set_xlabel("synchronisation every K steps (DDP = every step)")
+        ax.set_ylabel("MiB per step")
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Communication per step vs K", uri, "all-reduce bytes per step for each K",
+                  "Median over points with the same K.")
+
+
+def loss_vs_step(t: pd.DataFrame) -> Figure | None:
+    dist = t[(t["world"] > 1) & t["ok"]]
+    dist = dist[[isinstance(v, list) and len(v) > 0 for v in dist["losses"]]]
+    if dist.empty:
+        return None
+    ks = sorted(dist["K"].unique())
+    colors = _colors([_k_label(k) for k in ks])
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.0, 4.2))
+        for k in ks:
+            r = dist[dist["K"] == k].iloc[0]
+            label = _k_label(k)
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], color=colors[label], label=f"{label} (rank 0)")
+            ranks = r["loss_per_rank"]
+            if isinstance(ranks, list) and ranks and all(isinstance(x, list) and x for x in ranks):
+                n = min(len(x) for x in ranks)
+                lo = [min(x[i] for x in ranks) for i in range(n)]
+                hi = [max(x[i] for x in ranks) for i in range(n)]
+                ax.fill_between(range(1, n + 1), lo, hi, color=colors[label], alpha=0.2)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        uri = _encode(fig)
+    return Figure("Loss vs step per K", uri, "training loss per step for each K",
+                  "Line: rank 0; shaded: min–max over ranks when per-rank losses were recorded.")
+
+
+def checkpointing_figures(t: pd.DataFrame) -> list[Figure]:
+    figs = [memory_vs(t, "seq"), memory_vs(t, "batch")]
+    if not any(figs):
+        figs.append(memory_by_strategy(t))
+    return [f for f in figs if f is not None]
+

@@ -1,0 +1,195 @@
+"""Render one results directory into one self-contained HTML file.
+
+The report is built from the records alone (``results.load_records`` → ``results.to_frame`` → the tidy
+frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
+time from ``results/<run>/``.  A report is what people read when something went wrong, so rendering never
+fails on bad data: unreadable lines, an empty file or a section that cannot be drawn become visible notes
+in the report instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import jinja2
+
+from ..results import load_records, to_frame
+from . import figures, tables
+from .columns import has, strategies, tidy
+
+SUITE_FILE = "suite.toml"
+TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
+
+# (anchor, heading).  The template renders them in this order; the contents list marks absent ones.
+SECTIONS = (
+    ("headline", "Headline"),
+    ("memory", "Memory vs sequence length and batch size"),
+    ("pareto", "Time vs memory"),
+    ("checks", "Estimate checks"),
+    ("breakdown", "Memory breakdown"),
+    ("localsgd", "Local SGD"),
+    ("failures", "Failures"),
+    ("baseline", "Changes vs baseline"),
+    ("environment", "Environment"),
+)
+
+
+@dataclass
+class SuiteInfo:
+    text: str | None = None
+    budgets_gib: tuple[float, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class Context:
+    """Everything the template shows; sections read only from here."""
+
+    title: str
+    run_dir: str
+    problems: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    present: dict = field(default_factory=dict)
+
+
+def read_suite(run_dir: str) -> SuiteInfo:
+    """The suite file the sweep stored beside its records, and the memory budgets it names."""
+    path = os.path.join(run_dir, SUITE_FILE)
+    if not os.path.exists(path):
+        return SuiteInfo(note=f"suite file not stored with this run (no {SUITE_FILE} in the results "
+                              "directory); memory budgets unknown")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        return SuiteInfo(note=f"{SUITE_FILE} could not be read: {exc}")
+    from ..suite import SuiteError, parse_suite
+
+    try:
+        suite = parse_suite(text, path)
+    except SuiteError as exc:
+        return SuiteInfo(text=text, note=f"{SUITE_FILE} is not a valid suite ({exc}); budgets unknown")
+    return SuiteInfo(text=text, budgets_gib=suite.budgets_gib)
+
+
+def _guard(ctx: Context, name: str, fn, default=None):
+    """Run one section's builder; a failure becomes a note in the report, never a traceback."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - the report must still render; the note says what broke
+        ctx.problems.append(f"section '{name}' could not be rendered: {type(exc).__name__}: {exc}")
+        return default
+
+
+def _load(path: str):
+    loaded = load_records(path)
+    frame = to_frame(loaded.records)
+    t = tidy(frame) if len(frame) else None
+    return loaded, frame, t
+
+
+def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
+    ctx = Context(title=os.path.basename(os.path.normpath(run_dir)) or run_dir, run_dir=run_dir)
+    loaded, frame, t = _load(run_dir)
+    ctx.problems.extend(loaded.problems)
+    suite = _guard(ctx, "suite file", lambda: read_suite(run_dir), SuiteInfo(note="suite file unreadable"))
+    d = ctx.data
+    d["suite"] = suite
+    d["n_records"] = len(loaded.records)
+    d["env"] = _guard(ctx, "environment", lambda: tables.environment(frame), []) if t is not None else []
+    if t is None:
+        ctx.problems.append("no readable records: nothing was measured, or the records file is empty "
+                            "or unreadable" if not loaded.problems else
+                            "no readable records remain after skipping the lines listed above")
+        ctx.present = {"environment": True}
+        return ctx
+    suites = sorted(set(t["suite"]) - {""})
+    if suites:
+        ctx.title = f"{', '.join(suites)} — {ctx.title}"
+    d["statuses"] = tables.status_counts(t)
+    d["strategies"] = strategies(t)
+    finished = frame["finished_at"].dropna().astype(str) if "finished_at" in frame.columns else []
+    d["finished"] = (min(finished), max(finished)) if len(finished) else None
+    ok = t[t["ok"]]
+
+    d["headline"] = _guard(ctx, "headline", lambda: tables.headline(t, suite.budgets_gib), [])
+    d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
+    d["offload_notes"] = tables.offload_notes(t)
+
+    single = t[~(t["world"] > 1)]
+    d["memory_figs"] = _guard(ctx, "memory", lambda: figures.checkpointing_figures(single), [])
+    d["pareto_figs"] = [f for f in (_guard(ctx, "pareto", lambda fn=fn: fn(single)) for fn in
+                                    (figures.pareto, figures.step_time_pareto)) if f is not None]
+    d["checks"] = _guard(ctx, "checks", lambda: tables.check_rows(t), [])
+    d["check_summary"] = tables.check_summary(d["checks"])
+    d["check_fig"] = _guard(ctx, "checks", lambda: figures.estimate_vs_measured(d["checks"]))
+    d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
+    d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
+    d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
+    d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
+                                      (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
+    d["failures"] = tables.failure_rows(t)
+    if baseline_dir is not None:
+        d["baseline_dir"] = baseline_dir
+        d["baseline"] = _guard(ctx, "baseline", lambda: _baseline(ctx, t, baseline_dir))
+
+    ctx.present = {
+        "headline": True,
+        "memory": bool(d["memory_figs"]),
+        "pareto": bool(d["pareto_figs"]),
+        "checks": not ok.empty,
+        "breakdown": d["breakdown_fig"] is not None,
+        "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]),
+        "failures": True,
+        "baseline": baseline_dir is not None,
+        "environment": True,
+    }
+    return ctx
+
+
+def _baseline(ctx: Context, t, baseline_dir: str) -> dict:
+    loaded, _, base = _load(baseline_dir)
+    ctx.problems.extend(f"baseline: {p}" for p in loaded.problems)
+    if base is None:
+        return {"rows": [], "matched": 0, "only_current": len(t), "only_baseline": 0,
+                "note": "the baseline has no readable records"}
+    return tables.deltas(t, base)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["bytes"] = tables.fmt_bytes
+    env.filters["num"] = tables.fmt_num
+    return env
+
+
+def render_html(ctx: Context) -> str:
+    return environment().get_template("report.html").render(ctx=ctx, d=ctx.data, sections=SECTIONS)
+
+
+def render_report(run_dir: str, out_path: str, baseline_dir: str | None = None) -> str:
+    """Write the HTML report of `run_dir` to `out_path` (directories created) and return the path."""
+    ctx = build_context(run_dir, baseline_dir)
+    try:
+        html = render_html(ctx)
+    except Exception as exc:  # noqa: BLE001 - a template bug must still leave a readable file behind
+        html = render_fallback(ctx, exc)
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = f"{out_path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(html)
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def render_fallback(ctx: Context, exc: Exception) -> str:
+    """A bare page that still says what happened, when the full template could not be rendered."""
+    from markupsafe import escape
+
+    items = "".join(f"<li>{escape(p)}</li>" for p in ctx.problems)
+    return (f"<!doctype html><html lang=\"en\"><meta charset=\"utf-8\"><title>{escape(ctx.title)}</title>"
+            f"<h1>ckptbench report: {escape(ctx.title)}</h1><p>The report could not be rendered: "
+            f"{escape(type(exc).__name__)}: {escape(str(exc))}</p><ul>{items}</ul></html>")

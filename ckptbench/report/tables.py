@@ -1,0 +1,227 @@
+"""The numbers of the report, as plain rows of strings: verdicts, savings, checks, failures, deltas.
+
+Kept apart from the figures and the template so each answer (which setting is best, what checkpointing
+saves and costs) is a small pure function of the tidy records frame that a test can call directly.
+Every number shown is read from records; nothing here measures or estimates anything itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .columns import CHECK_FIELDS, env_columns, strategies, strategy_order
+
+GIB = 2**30
+
+
+def fmt_bytes(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    value = float(value)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def fmt_num(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{float(value):.{digits}g}"
+
+
+def fmt_pct(value) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:+.1f} %"
+
+
+def setting(row) -> str:
+    """A human name of one point: model, strategy, batch, sequence (and the distributed setting)."""
+    text = f"{row['variant']} · {row['strategy']} · batch {row['batch']:.0f} · seq {row['seq']:.0f}"
+    return text
+
+
+def status_counts(t: pd.DataFrame) -> list[tuple[str, int]]:
+    return [(str(k), int(v)) for k, v in t["status"].value_counts().items()]
+
+
+def pareto_mask(x: pd.Series, y: pd.Series, maximize_y: bool = False) -> pd.Series:
+    """True for points no other point beats on both x (lower is better) and y."""
+    yy = -y if maximize_y else y
+    order = sorted(range(len(x)), key=lambda i: (x.iloc[i], yy.iloc[i]))
+    best = math.inf
+    mask = [False] * len(x)
+    for i in order:
+        if yy.iloc[i] < best:
+            mask[i] = True
+            best = yy.iloc[i]
+    return pd.Series(mask, index=x.index)
+
+
+def headline(t: pd.DataFrame, budgets_gib: tuple[float, ...]) -> list[dict]:
+    """Best setting per question, each with the number that makes it best."""
+    ok = t[t["ok"]]
+    rows = []
+    peak = ok.dropna(subset=["peak"])
+    if len(peak):
+        best = peak.loc[peak["peak"].idxmin()]
+        rows.append({"question": "Lowest peak memory", "answer": setting(best),
+                     "value": fmt_bytes(best["peak"])})
+    fast = ok.dropna(subset=["tok_s"])
+    if len(fast):
+        best = fast.loc[fast["tok_s"].idxmax()]
+        rows.append({"question": "Fastest (tokens/s)", "answer": setting(best),
+                     "value": f"{best['tok_s']:.0f} tokens/s"})
+    for budget in budgets_gib:
+        within = fast.dropna(subset=["peak"])
+        within = within[within["peak"] <= budget * GIB]
+        question = f"Fastest within {budget:g} GiB"
+        if len(within):
+            best = within.loc[within["tok_s"].idxmax()]
+            rows.append({"question": question, "answer": setting(best),
+                         "value": f"{best['tok_s']:.0f} tokens/s at {fmt_bytes(best['peak'])}"})
+        else:
+            rows.append({"question": question, "answer": "no measured point fits", "value": "–"})
+    return rows
+
+
+def _range(values: list[float], fmt) -> str:
+    if not values:
+        return "–"
+    s = pd.Series(values)
+    if fmt(s.min()) == fmt(s.max()):
+        return fmt(s.median())
+    return f"{fmt(s.median())} ({fmt(s.min())} … {fmt(s.max())})"
+
+
+def savings(t: pd.DataFrame) -> list[dict]:
+    """Each checkpointing strategy against 'none' at the same variant, batch and sequence length.
+
+    Saving is 1 − strategy/none in percent (positive = less memory); cost is the step-time ratio ×.
+    With several matched points the median is shown with the range.
+    """
+    ok = t[t["ok"]]
+    key = ["variant", "batch", "seq"]
+    base = ok[ok["strategy"] == "none"].drop_duplicates(subset=key).set_index(key)
+    rows = []
+    for strat in strategies(ok):
+        if strat == "none":
+            continue
+        peak, fwd, time_x, tok_x = [], [], [], []
+        for _, r in ok[ok["strategy"] == strat].iterrows():
+            k = (r["variant"], r["batch"], r["seq"])
+            if k not in base.index:
+                continue
+            b = base.loc[k]
+            if b["peak"] > 0 and not math.isnan(r["peak"]):
+                peak.append((1 - r["peak"] / b["peak"]) * 100)
+            if b["after_fwd"] > 0 and not math.isnan(r["after_fwd"]):
+                fwd.append((1 - r["after_fwd"] / b["after_fwd"]) * 100)
+            if b["step_s"] > 0 and not math.isnan(r["step_s"]):
+                time_x.append(r["step_s"] / b["step_s"])
+            if b["tok_s"] > 0 and not math.isnan(r["tok_s"]):
+                tok_x.append(r["tok_s"] / b["tok_s"])
+        if not (peak or fwd or time_x):
+            continue
+        rows.append({"strategy": strat, "points": max(len(peak), len(fwd), len(time_x)),
+                     "peak_saving": _range(peak, lambda v: f"{v:.1f} %"),
+                     "fwd_saving": _range(fwd, lambda v: f"{v:.1f} %"),
+                     "time_x": _range(time_x, lambda v: f"{v:.2f}×"),
+                     "tok_x": _range(tok_x, lambda v: f"{v:.2f}×")})
+    return rows
+
+
+def check_rows(t: pd.DataFrame) -> list[dict]:
+    """One row per (record, checked quantity), failures first, then skips, then passes."""
+    rows = []
+    for _, r in t.iterrows():
+        for check in r["checks"] or []:
+            if not isinstance(check, dict):
+                continue
+            row = {f: check.get(f) for f in CHECK_FIELDS}
+            row.update(setting=setting(r), strategy=r["strategy"], case_id=r["case_id"])
+            rows.append(row)
+    order = {"fail": 0, "skip": 1, "pass": 2}
+    rows.sort(key=lambda c: (order.get(str(c["verdict"]), 3), str(c["quantity"]), strategy_order(c["strategy"])))
+    return rows
+
+
+def check_summary(rows: list[dict]) -> list[dict]:
+    """One row per checked quantity: verdict counts and the spread of measured/estimated ratios."""
+    by: dict[str, dict] = {}
+    for c in rows:
+        q = by.setdefault(str(c["quantity"]), {"quantity": str(c["quantity"]), "pass": 0, "fail": 0, "skip": 0,
+                                               "ratios": [], "tolerance": c.get("tolerance")})
+        verdict = str(c["verdict"])
+        q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
+        if isinstance(c.get("ratio"), (int, float)) and not math.isnan(c["ratio"]):
+            q["ratios"].append(float(c["ratio"]))
+    out = []
+    for q in sorted(by.values(), key=lambda q: (-q["fail"], q["quantity"])):
+        ratios = q.pop("ratios")
+        q["ratio_range"] = f"{min(ratios):.3f} … {max(ratios):.3f}" if ratios else "–"
+        out.append(q)
+    return out
+
+
+def failure_rows(t: pd.DataFrame) -> list[dict]:
+    bad = t[~t["ok"]]
+    rows = [{"setting": setting(r), "status": r["status"] or "?", "reason": r["reason"],
+             "stderr_tail": r["stderr_tail"], "case_id": r["case_id"]} for _, r in bad.iterrows()]
+    return sorted(rows, key=lambda r: (r["status"], r["setting"]))
+
+
+def offload_notes(t: pd.DataFrame) -> list[str]:
+    return sorted({n for n in t["offload_note"] if n})
+
+
+def environment(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """Every env key with its value(s); a key whose value differs between records lists all values."""
+    rows = []
+    for key, col in env_columns(frame):
+        values = sorted({str(v) for v in frame[col] if v is not None and not (isinstance(v, float) and
+                                                                               math.isnan(v))})
+        rows.append((key, ", ".join(values) if values else "–"))
+    return rows
+
+
+def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
+    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq"])
+    rows = []
+    for _, r in dist.iterrows():
+        losses = r["losses"] if isinstance(r["losses"], list) else []
+        rows.append({"setting": setting(r), "K": "DDP" if not r["K"] else f"{r['K']:.0f}",
+                     "world": f"{r['world']:.0f}", "payload": fmt_bytes(r["comm_payload"]),
+                     "bus": fmt_bytes(r["comm_bus"]), "collectives": fmt_num(r["collectives"]),
+                     "sync": fmt_num(r["sync_s"] * 1e3 if not math.isnan(r["sync_s"]) else r["sync_s"]),
+                     "tok_s": "–" if math.isnan(r["tok_s"]) else f"{r['tok_s']:.0f}",
+                     "final_loss": f"{losses[-1]:.4f}" if losses else "–"})
+    return rows
+
+
+DELTA_QUANTITIES = (("peak", "peak memory", fmt_bytes), ("after_fwd", "after forward", fmt_bytes),
+                    ("step_s", "step time (s)", fmt_num), ("tok_s", "tokens/s", lambda v: "–" if math.isnan(v) else f"{v:.0f}"))
+
+
+def deltas(t: pd.DataFrame, base: pd.DataFrame) -> dict:
+    """This run against a baseline run, matched by case id: one row per matched point and quantity."""
+    cur = t.drop_duplicates("case_id", keep="last").set_index("case_id")
+    old = base.drop_duplicates("case_id", keep="last").set_index("case_id")
+    common = [c for c in cur.index if c in old.index]
+    rows = []
+    for cid in common:
+        a, b = old.loc[cid], cur.loc[cid]
+        if a["status"] != "ok" or b["status"] != "ok":
+            rows.append({"setting": setting(b), "quantity": "status", "baseline": a["status"],
+                         "current": b["status"], "delta": "–" if a["status"] == b["status"] else "changed"})
+            continue
+        for col, name, fmt in DELTA_QUANTITIES:
+            if math.isnan(a[col]) and math.isnan(b[col]):
+                continue
+            pct = (b[col] / a[col] - 1) * 100 if a[col] else float("nan")
+            rows.append({"setting": setting(b), "quantity": name, "baseline": fmt(a[col]),
+                         "current": fmt(b[col]), "delta": fmt_pct(pct)})
+    return {"rows": rows, "matched": len(common), "only_current": len(set(cur.index) - set(old.index)),
+            "only_baseline": len(set(old.index) - set(cur.index))}
+

@@ -1,0 +1,223 @@
+"""Simulated training step: the real model and optimizer run on fake tensors, memory is counted exactly.
+
+``--simulate`` answers "what would this step allocate?" for models that do not fit (or have no GPU) by
+running the actual transformers forward, backward and AdamW step under
+``torch._subclasses.fake_tensor.FakeTensorMode``: every operator runs its shape/dtype logic but no data
+is allocated, so an 8B model at 2k tokens costs seconds on a laptop CPU.  What it measures is what the
+same code would keep on a real CPU run: the same saved tensors, the same checkpoint recomputation, the
+same optimizer temporaries.  It does not model the CUDA caching allocator (rounding, fragmentation),
+cuBLAS workspaces or kernels that save different tensors on CUDA (e.g. flash attention's layout).
+
+The model is constructed on ``meta`` (no memory) and materialised with ``to_empty(device="cpu")`` inside
+the fake mode.  Never use a fake ``cuda`` device on a CPU-only build: the process aborts.
+
+Offload cannot run on a CPU-only build (transformers asks ``save_on_cpu`` for pinned memory, which needs
+an accelerator), so the simulation runs the checkpointed step without it and moves the checkpointed
+inputs it counted from the device column to the host column, which is exactly what offload does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .models import build_model, decoder_layers, enable_checkpointing
+from .spec import ModelSpec
+
+CATEGORIES = ("params", "grads", "optimizer", "activations")
+
+
+def _storage(t: torch.Tensor):
+    st = t.untyped_storage()
+    return st, st._cdata
+
+
+class LiveBytes(TorchDispatchMode):
+    """Live bytes per category, counted once per storage, for real or fake tensors.
+
+    Every tensor an operator returns is registered (as ``activations`` unless already known) with a
+    ``weakref.finalize`` on its storage's Python object, which torch keeps alive exactly as long as the
+    storage itself; views and in-place results share their base's storage and are counted once.  The key
+    is the storage's C pointer, so it works for fake tensors, whose ``data_ptr`` is always 0.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, list] = {}
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.peak_breakdown = dict(self.by_category)
+
+    def track(self, t: torch.Tensor, category: str) -> None:
+        st, key = _storage(t)
+        nbytes = st.nbytes()
+        if nbytes == 0:
+            return
+        entry = self._live.get(key)
+        if entry is not None:
+            if entry[1] != category:
+                self.by_category[entry[1]] -= entry[0]
+                self.by_category[category] += entry[0]
+                entry[1] = category
+            return
+        self._live[key] = [nbytes, category]
+        weakref.finalize(st, self._free, key)
+        self.by_category[category] += nbytes
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_breakdown = dict(self.by_category)
+
+    def _free(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.by_category[entry[1]] -= entry[0]
+            self.total -= entry[0]
+
+    def reset_peak(self) -> None:
+        self.peak = self.total
+        self.peak_breakdown = dict(self.by_category)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                if _storage(t)[1] not in self._live:  # views of params stay params
+                    self.track(t, "activations")
+        return out
+
+
+@contextlib.contextmanager
+def _no_packed_sequence_detection():
+    """Answer transformers' packed-sequence probe as a real run does for our inputs: no packing.
+
+    ``find_packed_sequence_indices`` reads the position ids' values; on fake tensors it cannot, assumes
+    packing, and builds a (b, 1, s, s) mask, which sends sdpa off its mask-free ``is_causal`` path (a
+    different kernel with different saved tensors, and with checkpointing a mask held until backward).
+    Our position ids are ``arange(s)``, for which the real probe returns None.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+@dataclass
+class SimResult:
+    """One simulated step; keys follow the harness's measurement dict so ``estimate.check`` accepts it."""
+
+    params_bytes: int
+    optimizer_bytes: int
+    mem_after_forward_bytes: int
+    activations_after_forward_bytes: int
+    peak_bytes: int
+    peak_breakdown: dict
+    checkpointed_input_bytes: int
+    offloaded_bytes: int
+    recomputed_layers: list
+    host_bytes: int = 0
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
+    """Create AdamW's state as its first ``step`` would (fp32 step scalar, two moments like the param).
+
+    The harness measures a step after warm-up, when the state already exists; creating it up front lets
+    the simulation run one step that looks like that one instead of two.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            optimizer.state[p] = {
+                "step": torch.tensor(0.0, dtype=torch.float32),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
+
+
+def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
+             lr: float = 1e-4) -> SimResult:
+    """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = build_model(spec, device="meta")
+    enable_checkpointing(model, every_n_layers, offload=False)
+    layers = decoder_layers(model)
+    ckpt_idx = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
+
+    ckpt_inputs: dict[int, int] = {}
+    in_forward = [False]
+
+    def count_input(module, args, kwargs):
+        if in_forward[0] and args:
+            st, key = _storage(args[0])
+            ckpt_inputs[key] = st.nbytes()
+
+    handles = [layers[i].register_forward_pre_hook(count_input, with_kwargs=True) for i in ckpt_idx]
+
+    with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
+        model.to_empty(device="cpu")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        init_adamw_state(optimizer)
+        ids = torch.randint(0, spec.vocab, (batch, seq))
+
+        tr = LiveBytes()
+        for p in model.parameters():
+            tr.track(p, "params")
+        for b in model.buffers():
+            tr.track(b, "params")
+        for st in optimizer.state.values():
+            for v in st.values():
+                tr.track(v, "optimizer")
+        tr.track(ids, "activations")
+        params_bytes = tr.by_category["params"]
+        optimizer_bytes = tr.by_category["optimizer"]
+        grad_hooks = [p.register_post_accumulate_grad_hook(lambda p: tr.track(p.grad, "grads"))
+                      for p in model.parameters()]
+        tr.reset_peak()
+        with tr:
+            in_forward[0] = True
+            loss = model(input_ids=ids, labels=ids).loss
+            in_forward[0] = False
+            after_forward = tr.total
+            loss.backward()
+            del loss
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for h in grad_hooks + handles:
+            h.remove()
+    ckpt_bytes = sum(ckpt_inputs.values())
+    offloaded = ckpt_bytes if offload else 0
+    breakdown = dict(tr.peak_breakdown)
+    # Offload keeps the checkpointed inputs on the host for the whole backward; the device never holds
+    # them at the same time as the rest, except the one layer being recomputed (accounted in estimate).
+    breakdown["activations"] -= offloaded
+    return SimResult(
+        params_bytes=params_bytes,
+        optimizer_bytes=optimizer_bytes,
+        mem_after_forward_bytes=after_forward - offloaded,
+        activations_after_forward_bytes=after_forward - offloaded - params_bytes - optimizer_bytes,
+        peak_bytes=tr.peak - offloaded,
+        peak_breakdown=breakdown,
+        checkpointed_input_bytes=ckpt_bytes,
+        offloaded_bytes=offloaded,
+        recomputed_layers=ckpt_idx,
+        host_bytes=offloaded,
+        wall_s=time.perf_counter() - t0,
+    )

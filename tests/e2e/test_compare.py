@@ -1,0 +1,128 @@
+"""``ckptbench compare`` on real tiny sweeps, made worse on purpose in two ways.
+
+The baseline and the slowed run are real sweeps (isolated workers, a few seconds each).  The slowdown is
+the worker's test-only ``slow`` fault: 50 ms slept inside each timed step of one Case, several times
+that Case's step time, so the regression is certain, not a matter of machine speed.  The memory
+regression rewrites the baseline's records so that the full-checkpointing Case carries the measurement of
+the no-checkpointing Case under its own id: exactly what a change that silently disabled checkpointing
+would record.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckptbench.cli import main
+from ckptbench.results import RecordStore, load_records
+from ckptbench.suite import load_suite
+from ckptbench.sweep import SweepOptions, run_sweep
+from ckptbench.worker import Fault
+
+pytestmark = pytest.mark.e2e
+
+SUITE = """
+[suite]
+name = "compare-e2e"
+timeout_s = 120
+
+[model]
+preset = "llama-tiny"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 3
+threads = 1
+
+[sweep]
+batch_size = [2]
+seq_len = [64]
+every_n_layers = [0, 1]
+"""
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "compare.toml"
+    path.write_text(SUITE)
+    return load_suite(str(path))
+
+
+@pytest.fixture(scope="module")
+def full_case(suite):
+    return next(c for c in suite.cases if c.every_n_layers == 1)
+
+
+@pytest.fixture(scope="module")
+def none_case(suite):
+    return next(c for c in suite.cases if c.every_n_layers == 0)
+
+
+@pytest.fixture(scope="module")
+def baseline(suite, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("baseline"))
+    result = run_sweep(suite, SweepOptions(out_dir=out))
+    assert [r["status"] for r in result.records] == ["ok", "ok"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def slowed(suite, full_case, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("slowed"))
+    result = run_sweep(suite, SweepOptions(out_dir=out, faults={full_case.id: Fault("slow", 0.05)}))
+    assert [r["status"] for r in result.records] == ["ok", "ok"]
+    return out
+
+
+def _compare(capsys, *args) -> tuple[int, str]:
+    code = main(["compare", *args])
+    return code, capsys.readouterr().out
+
+
+def _regression_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("REGRESSION ")]
+
+
+def test_a_run_compared_with_itself_passes(baseline, capsys):
+    code, out = _compare(capsys, baseline, baseline)
+    assert code == 0
+    assert _regression_lines(out) == []
+    assert "no regression among 2 compared points" in out
+
+
+def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, capsys):
+    code, out = _compare(capsys, baseline, slowed)
+    assert code == 1
+    lines = [line for line in _regression_lines(out) if full_case.id in line]
+    assert len(lines) == 1, out
+    assert "llama-tiny full" in lines[0] and "step time" in lines[0]
+
+    code, out = _compare(capsys, baseline, slowed, "--json")
+    assert code == 1
+    report = json.loads(out)
+    point = next(p for p in report["points"] if p["key"] == full_case.id)
+    step = next(d for d in point["deltas"] if d["quantity"] == "step_time_median_s")
+    assert point["regressed"] and step["regressed"]
+    assert step["new"] >= 0.05  # the injected sleep is inside the timed step
+    tokens = next(d for d in point["deltas"] if d["quantity"] == "tokens_per_s")
+    assert tokens["regressed"]
+
+
+def test_checkpointing_silently_off_is_a_memory_regression(baseline, full_case, none_case, tmp_path, capsys):
+    records = load_records(baseline).records
+    by_id = {r["case_id"]: r for r in records}
+    store = RecordStore(str(tmp_path / "worse"))
+    store.ensure()
+    for r in records:
+        rewritten = {k: v for k, v in r.items() if k != "schema"}
+        if r["case_id"] == full_case.id:
+            rewritten["measurement"] = by_id[none_case.id]["measurement"]
+        store.append(rewritten)
+
+    code, out = _compare(capsys, baseline, store.run_dir)
+    assert code == 1
+    lines = _regression_lines(out)
+    assert len(lines) == 1 and full_case.id in lines[0], out
+    assert "peak memory" in lines[0] and "after-forward memory" in lines[0] and "saved activations" in lines[0]

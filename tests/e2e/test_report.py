@@ -1,0 +1,168 @@
+"""The HTML report of a real tiny sweep: every section there, self-contained, failures shown, names escaped,
+bad records files rendered as a message, and (when chromium is installed) a page that actually paints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from report_html import Page, decoded_svgs, svg_resources
+
+from ckptbench.cli import _annotator
+from ckptbench.report.render import SECTIONS, render_report
+from ckptbench.results import RECORDS, load_records
+from ckptbench.suite import load_suite, parse_suite
+from ckptbench.sweep import SweepOptions, run_sweep
+from ckptbench.worker import Fault
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADINGS = dict(SECTIONS)
+# Sections a single-process smoke run has data for (local SGD needs world_size > 1; baseline needs one).
+SMOKE_SECTIONS = ("headline", "memory", "pareto", "checks", "breakdown", "failures", "environment")
+LABEL = "<script>alert(1)</script>"
+
+
+def _render(run_dir: Path, name: str = "report.html", **kwargs) -> tuple[str, Page]:
+    path = render_report(str(run_dir), str(run_dir / name), **kwargs)
+    html = Path(path).read_text(encoding="utf-8")
+    return html, Page(html)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke suite swept once for the module, with one point forced to crash."""
+    suite = load_suite(str(ROOT / "suites" / "smoke.toml"))
+    out = tmp_path_factory.mktemp("smoke")
+    victim = next(c for c in suite.cases if c.strategy == "every-2+offload")
+    run_sweep(suite, SweepOptions(out_dir=str(out), faults={victim.id: Fault("raise")}), annotate=_annotator())
+    if not (out / "suite.toml").exists():  # until the sweep stores its suite file itself
+        (out / "suite.toml").write_text(suite.text)
+    html, page = _render(out)
+    return SimpleNamespace(dir=out, html=html, page=page, victim=victim, suite=suite,
+                           records=load_records(str(out)).records)
+
+
+def test_all_sections_present(smoke):
+    for key in SMOKE_SECTIONS:
+        assert HEADINGS[key] in smoke.page.h2, key
+    assert "could not be rendered" not in smoke.html
+
+
+def test_figures_are_embedded_and_nothing_is_fetched(smoke):
+    page = smoke.page
+    assert len(page.images) >= 4
+    assert all(src.startswith("data:image/") for src in page.images)
+    for tag, attr, value in page.refs:
+        assert value.startswith(("data:", "#")), f"<{tag} {attr}={value[:60]!r}> references a resource"
+    assert not page.tags & {"script", "link", "iframe", "object", "embed"}
+    assert "@import" not in smoke.html and "url(http" not in smoke.html
+    svgs = decoded_svgs(page)
+    assert len(svgs) == len(page.images)
+    for svg in svgs:
+        assert svg_resources(svg) == []
+
+
+def test_headline_answers_the_suite_budgets(smoke):
+    questions = [row[0] for row in smoke.page.tables["headline"]]
+    assert questions[:2] == ["Lowest peak memory", "Fastest (tokens/s)"]
+    for budget in smoke.suite.budgets_gib:
+        assert f"Fastest within {budget:g} GiB" in questions
+
+
+def test_estimate_checks_table(smoke):
+    checks = [c for r in smoke.records for c in r.get("checks") or []]
+    if not checks:
+        assert "No estimate checks in this run" in smoke.html
+        return
+    quantities = {c["quantity"] for c in checks}
+    assert len(smoke.page.tables["check-summary"]) == len(quantities)
+    rows = smoke.page.tables["check-rows"]
+    assert len(rows) == len(checks)
+    verdicts = [row[0] for row in rows]
+    assert verdicts == sorted(verdicts, key=lambda v: {"fail": 0, "skip": 1, "pass": 2}.get(v, 3))
+
+
+def test_failures_table_lists_the_injected_crash(smoke):
+    rows = smoke.page.tables["failures"]
+    assert len(rows) == 1
+    point, status, reason, tail = rows[0]
+    assert smoke.victim.id in point and "every-2+offload" in point
+    assert status == "crash"
+    assert "injected fault" in reason + tail
+    assert "<details><summary>show</summary><pre>" in smoke.html
+
+
+def test_model_label_is_escaped(tmp_path):
+    text = (ROOT / "suites" / "smoke.toml").read_text().replace('preset = "llama-tiny"',
+                                                                 f'preset = "llama-tiny"\nlabel = "{LABEL}"')
+    text = text.replace("every_n_layers = [0, 2, 1]", "every_n_layers = [0]").replace("offload = [false, true]", "")
+    suite = parse_suite(text, "label.toml")
+    assert suite.cases[0].model.label == LABEL
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path)))
+    (tmp_path / "suite.toml").write_text(text)
+    html, page = _render(tmp_path)
+    assert "script" not in page.tags
+    assert LABEL not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_empty_records_file_renders_a_message(tmp_path):
+    (tmp_path / RECORDS).write_text("")
+    html, page = _render(tmp_path)
+    assert "no readable records" in html
+    assert HEADINGS["environment"] in page.h2
+    assert "suite file not stored" in html
+
+
+def test_missing_records_file_renders_a_message(tmp_path):
+    html, _ = _render(tmp_path)
+    assert "no records file" in html and "no readable records" in html
+
+
+def test_corrupt_records_file_keeps_what_is_readable(smoke, tmp_path):
+    good = (smoke.dir / RECORDS).read_bytes()
+    lines = good.splitlines(keepends=True)
+    (tmp_path / RECORDS).write_bytes(lines[0] + b"{not json\n" + b"[1, 2]\n" + b"".join(lines[1:])
+                                     + b'{"case_id": "torn", "sch')
+    html, page = _render(tmp_path)
+    assert "unreadable line" in html and "truncated last line" in html and "no case_id" in html
+    assert HEADINGS["headline"] in page.h2 and len(page.images) >= 4
+    assert "could not be rendered" not in html
+
+
+def test_baseline_deltas(smoke, tmp_path):
+    html, page = _render(smoke.dir, "vs-self.html", baseline_dir=str(smoke.dir))
+    assert HEADINGS["baseline"] in page.h2
+    assert f"{len(smoke.records)} points matched by case id" in html
+    assert all(row[-1] in ("+0.0 %", "–") for row in page.tables["deltas"])
+
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _browser() -> str | None:
+    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no chromium (apt-get install chromium) to render the page")
+def test_report_paints_in_a_headless_browser(smoke, tmp_path):
+    from PIL import Image
+
+    png = tmp_path / "report.png"
+    cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1280,2000",
+           (smoke.dir / "report.html").as_uri()]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    image = Image.open(png).convert("RGB")
+    assert image.size == (1280, 2000)
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50, "screenshot is (nearly) blank"
+    top = max(n for n, _ in colours)
+    assert top < 0.97 * image.size[0] * image.size[1], "screenshot is one colour"
