@@ -43,7 +43,7 @@ def summary_table(records: list[dict]):
 
     table = Table(title="ckptbench sweep", show_lines=False)
     for col in ("strategy", "batch", "seq", "status", "after fwd MiB", "peak MiB", "ckpt inputs MiB",
-                "recomputed", "step ms", "tok/s", "setup s"):
+                "recomputed", "step ms", "tok/s", "setup s", "estimate"):
         table.add_column(col, justify="right" if col not in ("strategy", "status") else "left")
     for r in records:
         m = r.get("measurement") or {}
@@ -57,6 +57,7 @@ def summary_table(records: list[dict]):
             f"{median * 1e3:.1f}" if median else "-",
             f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
             f"{m['setup_s']:.2f}" if m.get("setup_s") else "-",
+            r.get("verdict", "-"),
         )
     return table
 
@@ -78,7 +79,8 @@ def cmd_sweep(args) -> int:
         return 0
     options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
                            max_minutes=args.max_minutes)
-    annotate = _annotator()
+    from .checks import annotate_record
+
     with _progress() as progress:
         task = progress.add_task(suite.name, total=len(cases), last="")
 
@@ -90,7 +92,7 @@ def cmd_sweep(args) -> int:
                                  f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
 
         try:
-            result = run_sweep(suite, options, on_record=on_record, annotate=annotate)
+            result = run_sweep(suite, options, on_record=on_record, annotate=annotate_record)
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
@@ -115,22 +117,10 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _annotator():
-    """Attach the analytic estimate and its checks to each record, when the estimate module is present."""
-    try:
-        from .checks import annotate_record
-    except ImportError:
-        return None
-    return annotate_record
+def _render(run_dir: str, out_path: str, console, baseline: str | None = None) -> int:
+    from .report.render import render_report
 
-
-def _render(run_dir: str, out_path: str, console) -> int:
-    try:
-        from .report.render import render_report
-    except ImportError:
-        console.print("[yellow]report rendering is not available in this version[/yellow]")
-        return 0
-    path = render_report(run_dir, out_path)
+    path = render_report(run_dir, out_path, baseline_dir=baseline)
     console.print(f"report: {path}")
     return 0
 
@@ -141,7 +131,9 @@ def cmd_report(args) -> int:
     if not os.path.exists(args.run):
         raise UsageError(f"{args.run}: no such results directory")
     out = args.output or os.path.join("reports", os.path.basename(os.path.normpath(args.run)) + ".html")
-    return _render(args.run, out, Console(stderr=True))
+    if args.baseline and not os.path.exists(args.baseline):
+        raise UsageError(f"{args.baseline}: no such baseline results directory")
+    return _render(args.run, out, Console(stderr=True), args.baseline)
 
 
 def _percent(text: str) -> float:
@@ -192,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="render the HTML report of a results directory")
     p.add_argument("run", help="results directory")
     p.add_argument("-o", "--output", help="HTML file (default reports/<run>.html)")
+    p.add_argument("--baseline", metavar="OLD_RUN", help="show changes against an earlier results directory")
     p.set_defaults(func=cmd_report)
+
+    from . import estimate_cmd
+
+    estimate_cmd.add_parser(sub)
 
     from .compare import HELP as compare_help
 

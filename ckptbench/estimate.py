@@ -300,7 +300,10 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     not_saved = sum(v for k, v in ht.items() if k in _not_saved_head_terms(spec, all_ck))
     saved = acts - not_saved
     offloaded = checkpointed_input if offload else 0
-    dev_acts = acts - offloaded
+    # On a CPU the host *is* the device: offloaded tensors stay in the same memory (save_on_cpu's
+    # `tensor.cpu()` returns the tensor itself), so only a CUDA device is relieved of them.
+    moved = offloaded if device == "cuda" else 0
+    dev_acts = acts - moved
     static = params + optimizer
     after_forward = static + dev_acts
 
@@ -322,7 +325,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     best_layer = (0, 0, -1)
     for idx in reversed(range(spec.layers)):
         kept = ckpt_input if idx in ckpt else layer_full
-        if idx in ckpt and offload:
+        if idx in ckpt and moved:
             kept = 0  # it lives on the host; the unpack brings it back for the recompute
         during = a - kept + layer_full + temps
         gl = g + (layer_params if grad_accum == 1 else 0)
@@ -403,7 +406,7 @@ class Tolerances:
     mem_after_forward: float = 0.05
     saved: float = 0.05
     peak: float = 0.15
-    peak_component: float = 0.25
+    peak_component: float = 0.25  # of the whole estimated peak, see _compare_share
     checkpointed_input: float = 0.0
     offloaded: float = 0.0
 
@@ -417,7 +420,7 @@ class Tolerances:
 
 @dataclass(frozen=True)
 class Check:
-    name: str
+    quantity: str
     measured: object
     estimated: object
     ratio: float | None
@@ -429,16 +432,32 @@ class Check:
         return asdict(self)
 
 
-def _compare(name: str, measured, estimated, tol: float) -> Check:
+def _compare(quantity: str, measured, estimated, tol: float) -> Check:
     if measured is None:
-        return Check(name, None, estimated, None, tol, "skip", None)
+        return Check(quantity, None, estimated, None, tol, "skip", None)
     diff = measured - estimated
     ratio = measured / estimated if estimated else (1.0 if measured == 0 else None)
     if tol == 0:
         ok = diff == 0
     else:
         ok = ratio is not None and abs(ratio - 1.0) <= tol
-    return Check(name, measured, estimated, ratio, tol, "pass" if ok else "fail", diff)
+    return Check(quantity, measured, estimated, ratio, tol, "pass" if ok else "fail", diff)
+
+
+def _compare_share(quantity: str, measured, estimated, whole: int, tol: float) -> Check:
+    """A part of the peak, judged against the whole peak: |measured - estimated| <= tol x peak.
+
+    Where two moments of a step come within a few percent of each other (end of forward vs the first
+    layer's backward), the measured peak can land on the other one, and its parts move between
+    activations and grads while the total barely changes.  Judging a part against its own size would
+    call that a failure of the model; judging it against the peak it is part of does not.
+    """
+    if measured is None:
+        return Check(quantity, None, estimated, None, tol, "skip", None)
+    diff = measured - estimated
+    ratio = measured / estimated if estimated else (1.0 if measured == 0 else None)
+    ok = abs(diff) <= tol * whole
+    return Check(quantity, measured, estimated, ratio, tol, "pass" if ok else "fail", diff)
 
 
 def check(case: Case, measurement: dict, est: Estimate | None = None,
@@ -466,8 +485,8 @@ def check(case: Case, measurement: dict, est: Estimate | None = None,
     ]
     breakdown = m.get("peak_breakdown") or {}
     for part in ("params", "grads", "optimizer", "activations"):
-        out.append(_compare(f"peak_breakdown.{part}", breakdown.get(part), est.peak_breakdown[part],
-                            tol.peak_component))
+        out.append(_compare_share(f"peak_breakdown.{part}", breakdown.get(part), est.peak_breakdown[part],
+                                  est.peak_bytes, tol.peak_component))
     rec = m.get("recomputed_layers")
     if rec is None:
         out.append(Check("recomputed_layers", None, est.recomputed_layers, None, 0.0, "skip", None))

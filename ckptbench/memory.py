@@ -26,13 +26,42 @@ CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
 def storage_key(t: torch.Tensor) -> int | None:
-    """Identity of the memory a tensor lives in (None for empty or meta tensors)."""
+    """Identity of the storage a tensor lives in (None for empty or meta tensors).
+
+    The storage object's C pointer, not ``data_ptr``: it is unique among live storages and exists for
+    fake tensors too (whose ``data_ptr`` is always 0), so the same tracker serves ``--simulate``.
+    """
     if t.device.type == "meta" or t.is_sparse:
         return None
     st = t.untyped_storage()
     if st.nbytes() == 0:
         return None
-    return st.data_ptr()
+    return st._cdata
+
+
+class StorageSerials:
+    """A unique number per live allocation.
+
+    Addresses are reused as soon as memory is freed (the forward frees and reallocates all the time),
+    so an address alone would merge two different tensors.  A serial is handed out the first time an
+    address is seen and retired by a finalizer when that storage is freed, so the next allocation at
+    the same address gets a new serial.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[int, int] = {}
+        self._next = 0
+
+    def __call__(self, t: torch.Tensor) -> int | None:
+        key = storage_key(t)
+        if key is None:
+            return None
+        serial = self._live.get(key)
+        if serial is None:
+            serial = self._live[key] = self._next
+            self._next += 1
+            weakref.finalize(t.untyped_storage(), self._live.pop, key, None)
+        return serial
 
 
 @dataclass

@@ -4,8 +4,8 @@ Only the innermost ``saved_tensors_hooks`` pair runs, so a counter pushed around
 tensors that checkpointing (``_checkpoint_hook``) or offload (``save_on_cpu``) pack.  We therefore count
 *inside every pack hook that gets pushed*: while :class:`SavedTensorCounter` is active, the function torch
 uses to push hooks is wrapped, and each pack hook pushed through it (ours, transformers' offload, torch's
-checkpoint) reports the tensor it receives before doing its own work.  Storages are deduplicated, and
-parameters (weights saved by matmuls) are kept apart from activations.
+checkpoint) reports the tensor it receives before doing its own work.  Storages are deduplicated per allocation
+(:class:`~ckptbench.memory.StorageSerials`: addresses are reused, allocations are not), and parameters (weights saved by matmuls) are kept apart from activations.
 
 :class:`LayerProbe` records each decoder layer's input storage (a forward pre-hook on the layer runs
 outside the checkpoint, once per forward) and which layers run their sub-modules again during backward,
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .memory import storage_key
+from .memory import StorageSerials
 
 # A pack hook is known by the qualified name of the function torch or transformers pushes.
 HOOK_KINDS = (
@@ -52,7 +52,8 @@ class SavedTensorCounter:
     - ``checkpoint``: handed to the checkpoint hook, which keeps a placeholder and recomputes later.
     """
 
-    def __init__(self, param_keys: set[int]):
+    def __init__(self, serials: StorageSerials, param_keys: set[int]):
+        self.serials = serials
         self.param_keys = param_keys
         self.entries: dict[int, SavedEntry] = {}
         self.active = False
@@ -61,7 +62,7 @@ class SavedTensorCounter:
     def _record(self, kind: str, t: torch.Tensor) -> None:
         if not self.active or not isinstance(t, torch.Tensor):
             return
-        key = storage_key(t)
+        key = self.serials(t)
         if key is None:
             return
         entry = self.entries.get(key)
@@ -133,7 +134,8 @@ class SavedTensorCounter:
 class LayerProbe:
     """Per decoder layer: the storage of its input hidden states, and whether backward re-ran it."""
 
-    def __init__(self, layers: list[torch.nn.Module]):
+    def __init__(self, serials: StorageSerials, layers: list[torch.nn.Module]):
+        self.serials = serials
         self.layers = layers
         self.input_keys: dict[int, int] = {}
         self.recomputed: set[int] = set()
@@ -158,7 +160,7 @@ class LayerProbe:
                 return None
             hidden = args[0] if args else kwargs.get("hidden_states")
             if isinstance(hidden, torch.Tensor):
-                key = storage_key(hidden)
+                key = self.serials(hidden)
                 if key is not None:
                     self.input_keys[i] = key
             return None

@@ -20,78 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from .memory import LiveStorageTracker, storage_key
 from .models import build_model, decoder_layers, enable_checkpointing
 from .spec import ModelSpec
-
-CATEGORIES = ("params", "grads", "optimizer", "activations")
-
-
-def _storage(t: torch.Tensor):
-    st = t.untyped_storage()
-    return st, st._cdata
-
-
-class LiveBytes(TorchDispatchMode):
-    """Live bytes per category, counted once per storage, for real or fake tensors.
-
-    Every tensor an operator returns is registered (as ``activations`` unless already known) with a
-    ``weakref.finalize`` on its storage's Python object, which torch keeps alive exactly as long as the
-    storage itself; views and in-place results share their base's storage and are counted once.  The key
-    is the storage's C pointer, so it works for fake tensors, whose ``data_ptr`` is always 0.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._live: dict[int, list] = {}
-        self.by_category = dict.fromkeys(CATEGORIES, 0)
-        self.total = 0
-        self.peak = 0
-        self.peak_breakdown = dict(self.by_category)
-
-    def track(self, t: torch.Tensor, category: str) -> None:
-        st, key = _storage(t)
-        nbytes = st.nbytes()
-        if nbytes == 0:
-            return
-        entry = self._live.get(key)
-        if entry is not None:
-            if entry[1] != category:
-                self.by_category[entry[1]] -= entry[0]
-                self.by_category[category] += entry[0]
-                entry[1] = category
-            return
-        self._live[key] = [nbytes, category]
-        weakref.finalize(st, self._free, key)
-        self.by_category[category] += nbytes
-        self.total += nbytes
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_breakdown = dict(self.by_category)
-
-    def _free(self, key: int) -> None:
-        entry = self._live.pop(key, None)
-        if entry is not None:
-            self.by_category[entry[1]] -= entry[0]
-            self.total -= entry[0]
-
-    def reset_peak(self) -> None:
-        self.peak = self.total
-        self.peak_breakdown = dict(self.by_category)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                if _storage(t)[1] not in self._live:  # views of params stay params
-                    self.track(t, "activations")
-        return out
 
 
 @contextlib.contextmanager
@@ -166,8 +101,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     def count_input(module, args, kwargs):
         if in_forward[0] and args:
-            st, key = _storage(args[0])
-            ckpt_inputs[key] = st.nbytes()
+            ckpt_inputs[storage_key(args[0])] = args[0].untyped_storage().nbytes()
 
     handles = [layers[i].register_forward_pre_hook(count_input, with_kwargs=True) for i in ckpt_idx]
 
@@ -177,7 +111,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         init_adamw_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
 
-        tr = LiveBytes()
+        tr = LiveStorageTracker()
         for p in model.parameters():
             tr.track(p, "params")
         for b in model.buffers():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .flops import figures as flop_figures
-from .memory import probe_for, step_probe_for, storage_key
+from .memory import StorageSerials, probe_for, step_probe_for
 from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
 from .saved import LayerProbe, SavedTensorCounter
 from .spec import Case
@@ -88,9 +88,10 @@ def _train_step(model, optimizer, batch, grad_accum: int) -> torch.Tensor:
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
     """One step under the memory probe, the saved-tensor counter and the layer probe."""
     probe = probe_for(batch.device, model, optimizer, [batch])
-    param_keys = {storage_key(p) for p in model.parameters()}
-    counter = SavedTensorCounter(param_keys)
-    layer_probe = LayerProbe(layers)
+    serials = StorageSerials()
+    param_keys = {serials(p) for p in model.parameters()}
+    counter = SavedTensorCounter(serials, param_keys)
+    layer_probe = LayerProbe(serials, layers)
     with layer_probe:
         probe.start()
         try:

@@ -19,6 +19,8 @@ GIB = 2**30
 def fmt_bytes(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if not isinstance(value, (int, float)):
+        return str(value)  # non-numeric checks (recomputed layer lists) are shown as they are
     value = float(value)
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= scale:
@@ -29,6 +31,8 @@ def fmt_bytes(value) -> str:
 def fmt_num(value, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if not isinstance(value, (int, float)):
+        return str(value)
     return f"{float(value):.{digits}g}"
 
 

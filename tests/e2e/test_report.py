@@ -10,14 +10,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from report_html import Page, decoded_svgs, svg_resources
 
-from ckptbench.cli import _annotator
+from ckptbench.checks import annotate_record
 from ckptbench.report.render import SECTIONS, render_report
 from ckptbench.results import RECORDS, load_records
 from ckptbench.suite import load_suite, parse_suite
 from ckptbench.sweep import SweepOptions, run_sweep
 from ckptbench.worker import Fault
+
+from .report_html import Page, decoded_svgs, svg_resources
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,7 @@ def smoke(tmp_path_factory):
     suite = load_suite(str(ROOT / "suites" / "smoke.toml"))
     out = tmp_path_factory.mktemp("smoke")
     victim = next(c for c in suite.cases if c.strategy == "every-2+offload")
-    run_sweep(suite, SweepOptions(out_dir=str(out), faults={victim.id: Fault("raise")}), annotate=_annotator())
+    run_sweep(suite, SweepOptions(out_dir=str(out), faults={victim.id: Fault("raise")}), annotate=annotate_record)
     if not (out / "suite.toml").exists():  # until the sweep stores its suite file itself
         (out / "suite.toml").write_text(suite.text)
     html, page = _render(out)

@@ -22,7 +22,7 @@ def test_simulated_step_matches_analytic(name, dtype, attn, every):
     assert sim.checkpointed_input_bytes == e.checkpointed_input_bytes
     assert sim.recomputed_layers == list(e.checkpointed_layers)
     case = Case(model=spec, train=TrainSpec(), batch_size=2, seq_len=128, every_n_layers=every)
-    verdicts = {c.name: c.verdict for c in check(case, sim.to_dict(), e)}
+    verdicts = {c.quantity: c.verdict for c in check(case, sim.to_dict(), e)}
     assert verdicts["peak_bytes"] == "pass"
     assert verdicts["saved_bytes"] == "skip"
 
