@@ -31,6 +31,12 @@ perf: $(STAMP)
 	mkdir -p results
 	$(PY) -m pytest tests/benchmarks --benchmark-only --benchmark-json=results/perf-$$(date +%Y%m%d-%H%M%S).json
 
+# The GPU check on a CUDA machine, with that machine's own python3 and packages (no venv, no network):
+# time-boxed gpu-small sweep, calibration, report, summary; everything lands in OUT.
+OUT ?= results/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+gpu-check:
+	bash scripts/gpu_check.sh $(OUT)
+
 lint: $(STAMP)
 	$(PY) -m ruff check ckptbench tests
 

@@ -77,7 +77,8 @@ def cmd_sweep(args) -> int:
                   f"K={c.local_sgd_steps} accum={c.grad_accum} world={c.world_size} device={c.device}")
         print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run")
         return 0
-    options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout)
+    options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
+                           max_minutes=args.max_minutes)
     from .checks import annotate_record
 
     with _progress() as progress:
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the Cases and exit without running")
     p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
     p.add_argument("--timeout", type=float, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--max-minutes", type=float, metavar="M",
+                   help="start no Case after M minutes; the rest are recorded as skipped (--resume runs them)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
     p.set_defaults(func=cmd_sweep)
@@ -200,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail when median step time grows or tokens/s drops by more (default 10%%)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     p.set_defaults(func=cmd_compare)
+
+    from .gpu_cmd import add_parsers as add_gpu_parsers
+
+    add_gpu_parsers(sub)
     return parser
 
 

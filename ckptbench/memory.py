@@ -12,12 +12,15 @@ dedicated memory steps; the timed steps run without it.
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from .nvml import NvmlDevice
 
 CATEGORIES = ("params", "grads", "optimizer", "activations")
 
@@ -236,6 +239,7 @@ class CudaMemoryProbe:
         )
         self.base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        _reset_host_peak()
 
     def mark_after_forward(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -245,6 +249,7 @@ class CudaMemoryProbe:
         torch.cuda.synchronize(self.device)
         self.peak = torch.cuda.max_memory_allocated(self.device)
         self.reserved = torch.cuda.max_memory_reserved(self.device)
+        self.host_pinned_peak = _host_pinned_peak()
         self.grads_bytes = sum(
             p.grad.untyped_storage().nbytes() for p in self.model.parameters() if p.grad is not None
         )
@@ -269,24 +274,136 @@ class CudaMemoryProbe:
             extra={
                 "cuda_max_allocated_bytes": self.peak,
                 "cuda_max_reserved_bytes": self.reserved,
-                "nvml_used_bytes": nvml_used_bytes(self.device.index or 0),
+                "nvml_used_bytes": nvml_used_bytes(_index(self.device)),
+                # offloaded activations live here, not in the device allocator (None: torch too old)
+                "cuda_host_pinned_peak_bytes": self.host_pinned_peak,
             },
         )
 
 
 def nvml_used_bytes(index: int) -> int | None:
     """Device-level used memory from NVML, or None when NVML is absent or fails (never raises)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVMLError_LibraryNotFound, no driver, no package: "not available"
+    dev = NvmlDevice.open(index)
+    if dev is None:
         return None
+    try:
+        return dev.used_bytes()
+    finally:
+        dev.close()
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _reset_host_peak() -> None:
+    reset = getattr(torch.cuda, "reset_peak_host_memory_stats", None)
+    if reset is not None:
+        try:
+            reset()
+        except RuntimeError:
+            pass
+
+
+def _host_pinned_peak() -> int | None:
+    """Peak bytes of pinned host blocks in use (torch's host allocator stats; None where torch lacks them)."""
+    stats_fn = getattr(torch.cuda, "host_memory_stats", None)
+    if stats_fn is None:
+        return None
+    try:
+        value = stats_fn().get("active_bytes.peak")
+    except RuntimeError:
+        return None
+    return None if value is None else int(value)
+
+
+class NullStepProbe:
+    """CPU steps outside the memory steps carry no probe: the exact CPU tracker is too slow for them."""
+
+    kind = None
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def before_step(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def result(self) -> dict:
+        return {}
+
+
+class CudaStepProbe:
+    """Per-step allocator peaks and the energy of a window of clean steps.
+
+    ``reset_peak_memory_stats`` / ``max_memory_allocated`` / ``max_memory_reserved`` are host-side
+    counters of the caching allocator (stream-ordered, exact without a synchronise), so reading them
+    around every step adds no stall.  Energy is NVML's counter read once at each edge of the window:
+    :meth:`begin` and :meth:`end` synchronise (outside the timed steps) so the window holds exactly its
+    own kernels; nothing synchronises inside it.  The counter is coarse (tens of ms), which is why energy
+    is reported per window and divided by its steps, not read per step.
+    """
+
+    kind = "cuda-allocator-per-step"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.nvml = NvmlDevice.open(_index(device))
+        self.phases: dict[str, dict] = {}
+        self._phase = ""
+        self._e0: int | None = None
+        self._t0 = 0.0
+
+    def begin(self, phase: str) -> None:
+        torch.cuda.synchronize(self.device)
+        self._phase = phase
+        self.phases[phase] = {"max_allocated": [], "max_reserved": [], "energy_mj": None, "wall_s": None}
+        self._e0 = self.nvml.energy_mj() if self.nvml else None
+        self._t0 = time.perf_counter()
+
+    def before_step(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def after_step(self) -> None:
+        ph = self.phases[self._phase]
+        ph["max_allocated"].append(torch.cuda.max_memory_allocated(self.device))
+        ph["max_reserved"].append(torch.cuda.max_memory_reserved(self.device))
+
+    def end(self) -> None:
+        torch.cuda.synchronize(self.device)
+        ph = self.phases[self._phase]
+        ph["wall_s"] = time.perf_counter() - self._t0
+        e1 = self.nvml.energy_mj() if self.nvml else None
+        if self._e0 is not None and e1 is not None:
+            ph["energy_mj"] = e1 - self._e0
+
+    def result(self) -> dict:
+        warm = self.phases.get("warmup", {})
+        timed = self.phases.get("timed", {})
+        steps = len(timed.get("max_allocated", []))
+        energy = timed.get("energy_mj")
+        wall = timed.get("wall_s")
+        out = {
+            "step_probe": self.kind,
+            "cuda_first_step_max_allocated_bytes": (warm.get("max_allocated") or [None])[0],
+            "cuda_first_step_max_reserved_bytes": (warm.get("max_reserved") or [None])[0],
+            "cuda_step_max_allocated_bytes": timed.get("max_allocated", []),
+            "cuda_step_max_reserved_bytes": timed.get("max_reserved", []),
+            "nvml_available": self.nvml is not None,
+            "nvml_used_bytes_after_steps": self.nvml.used_bytes() if self.nvml else None,
+            "energy_timed_window_j": energy / 1000.0 if energy is not None else None,
+            "energy_per_step_j": energy / 1000.0 / steps if (energy is not None and steps) else None,
+            "power_avg_w": energy / 1000.0 / wall if (energy is not None and wall) else None,
+        }
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None
+        return out
 
 
 def probe_for(device: torch.device, model, optimizer, inputs):
@@ -294,3 +411,10 @@ def probe_for(device: torch.device, model, optimizer, inputs):
     if device.type == "cuda":
         return CudaMemoryProbe(model, optimizer, inputs)
     return CpuMemoryProbe(model, optimizer, inputs)
+
+
+def step_probe_for(device: torch.device):
+    """The probe of the clean (warm-up and timed) steps: chosen here, beside :func:`probe_for`."""
+    if device.type == "cuda":
+        return CudaStepProbe(device)
+    return NullStepProbe()

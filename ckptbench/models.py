@@ -39,25 +39,41 @@ def hf_config(spec: ModelSpec) -> PretrainedConfig:
 
 
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """`AutoModelForCausalLM.from_config` in the spec's dtype and attention implementation, train mode."""
-    model = AutoModelForCausalLM.from_config(
-        hf_config(spec), attn_implementation=spec.attn, dtype=TORCH_DTYPES[spec.dtype]
-    )
+    """`AutoModelForCausalLM.from_config` in the spec's dtype and attention implementation, train mode.
+
+    Built under the target device's context so the random initialisation runs there: a 1B model
+    initialised on the host with one thread takes seconds per sweep point, on the GPU a fraction of one.
+    """
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            hf_config(spec), attn_implementation=spec.attn, dtype=TORCH_DTYPES[spec.dtype]
+        )
     return model.to(device).train()
 
 
-def enable_checkpointing(model: torch.nn.Module, every_n_layers: int, offload: bool) -> None:
+def enable_checkpointing(model: torch.nn.Module, every_n_layers: int, offload: bool) -> str | None:
     """Checkpointing exactly as users switch it on: transformers' own API, non-reentrant mode.
 
     `use_reentrant=False` must be passed explicitly: kwargs without it fall back to reentrant mode.
+    Returns the name of the method used.  transformers releases before `activation_checkpointing_enable`
+    (5.17 and earlier) take the same `every_n_layers` / `offload` arguments in `gradient_checkpointing_enable`,
+    which newer releases keep as a deprecated alias; the older name is used only when the new one is absent.
     """
     if every_n_layers <= 0:
-        return
-    model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs={"use_reentrant": False},
+        return None
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=every_n_layers,
+            offload=offload,
+        )
+        return "activation_checkpointing_enable"
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         every_n_layers=every_n_layers,
         offload=offload,
     )
+    return "gradient_checkpointing_enable"
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

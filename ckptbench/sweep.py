@@ -38,6 +38,7 @@ class SweepOptions:
     resume: bool = False
     shard: tuple[int, int] = (1, 1)  # (i, n): this process runs every n-th planned Case starting at i
     timeout_s: float | None = None  # overrides the suite's per-Case timeout
+    max_minutes: float | None = None  # Cases not started this long after the sweep began are recorded as skipped
     faults: dict = field(default_factory=dict)  # case id -> Fault; tests only
 
 
@@ -175,17 +176,23 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     work_dir = os.path.join(options.out_dir, "work")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
-    done_ids = store.load().ids() if options.resume else set()
+    # a Case recorded as skipped (deadline) was never run: --resume runs it
+    done_ids = {r["case_id"] for r in store.load().records if r.get("status") != "skipped"} \
+        if options.resume else set()
     todo = [c for c in planned if c.id not in done_ids]
     skipped = [c.id for c in planned if c.id in done_ids]
     timeout = options.timeout_s or suite.timeout_s
     host_env = host_environment()
     runner = IsolatedRunner()
     records: list[dict] = []
+    deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     try:
         for k, case in enumerate(todo):
             fault = options.faults.get(case.id)
-            if case.world_size > 1:
+            if deadline is not None and time.monotonic() >= deadline:
+                result = {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
+                          f"{options.max_minutes:g} deadline had passed"}
+            elif case.world_size > 1:
                 result = _run_group(case, work_dir, timeout)
             else:
                 result = runner.run(case, work_dir, timeout, fault)

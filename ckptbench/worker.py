@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .memory import StorageSerials, probe_for
+from .flops import figures as flop_figures
+from .memory import StorageSerials, probe_for, step_probe_for
 from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
 from .saved import LayerProbe, SavedTensorCounter
 from .spec import Case
@@ -72,12 +73,13 @@ def _forward_loss(model, batch, grad_accum: int) -> torch.Tensor:
     return model(input_ids=batch, labels=batch).loss / grad_accum
 
 
-def _train_step(model, optimizer, batch, grad_accum: int) -> float:
-    total = 0.0
+def _train_step(model, optimizer, batch, grad_accum: int) -> torch.Tensor:
+    """One optimizer step; the loss stays a tensor so the step never waits for the device (no .item())."""
+    total = None
     for _ in range(grad_accum):
         loss = _forward_loss(model, batch, grad_accum)
         loss.backward()
-        total += loss.item()
+        total = loss.detach() if total is None else total + loss.detach()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total
@@ -139,29 +141,42 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
 
     with ctx:
         model = build_model(case.model, device)
-        enable_checkpointing(model, case.every_n_layers, case.offload)
+        checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
         layers = decoder_layers(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         t_ready = time.time()
 
         losses = []
+        steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
+        steps.begin("warmup")
         for _ in range(case.train.warmup_steps):
+            steps.before_step()
             losses.append(_train_step(model, optimizer, batch, case.grad_accum))
+            steps.after_step()
+        steps.end()
         mem: dict = {}
         for _ in range(case.train.memory_steps):
             mem = _memory_step(case, model, optimizer, batch, layers)
         timer = timer_for(device.type)
+        steps.begin("timed")
         for _ in range(case.train.steps):
+            steps.before_step()
             timer.start()
             losses.append(_train_step(model, optimizer, batch, case.grad_accum))
             if fault is not None and fault.kind == "slow":
                 time.sleep(fault.seconds)
             timer.stop()
-        stats = StepStats.of(timer.times())
+            steps.after_step()
+        stats = StepStats.of(timer.times())  # the window's one synchronise (CUDA)
+        steps.end()
+        losses = [float(x) for x in losses]
 
     return {
         **mem,
+        **steps.result(),
+        **flop_figures(case, stats.median_s, device_environment(device.type).get("device_name")),
+        "checkpointing_api": checkpointing_api,
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
         "step_time_p90_s": stats.p90_s,
@@ -222,6 +237,13 @@ def write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def is_oom_error(exc: BaseException) -> bool:
+    """Out-of-memory raised outside the caching allocator (cuBLAS/cuDNN workspaces, a kernel's own
+    cudaMalloc) arrives as a plain RuntimeError or AcceleratorError; its message says so."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "cublas_status_alloc_failed" in text)
+
+
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
                fault: Fault | None = None) -> None:
     """Entry point of a worker process: one Case, one result file, output to the point's log."""
@@ -232,11 +254,12 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
-    except torch.OutOfMemoryError as exc:
+    except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class
         traceback.print_exc()
         result = {"status": "oom", "reason": str(exc).splitlines()[0][:500]}
     except Exception as exc:
         traceback.print_exc()
-        result = {"status": "crash", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        status = "oom" if is_oom_error(exc) else "crash"
+        result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
     result["device_env"] = device_environment(case.device)
     write_json_atomic(result_path, result)

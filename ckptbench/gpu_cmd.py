@@ -1,0 +1,130 @@
+"""Subcommands around a GPU run: ``calibrate``, ``simulate-suite`` and ``gpu-summary``.
+
+They live apart from ``cli.py`` (which registers them with one call) so the sweep command stays small:
+
+- ``calibrate RUN``: pinned host↔device bandwidth and a bf16 matmul peak, once per run, in its own process
+  (sweep workers stay untouched), into ``RUN/calibration.json``.
+- ``simulate-suite SUITE OUT``: FakeTensor predictions for every point into ``OUT/simulated.jsonl``.
+- ``gpu-summary RUN``: MFU/HFU, recompute ratio vs ideal, offload overhead vs copy bound, estimate checks;
+  printed, and stored as ``RUN/summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+CALIBRATION = "calibration.json"
+SUMMARY = "summary.json"
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def matmul_peak(n: int = 8192, reps: int = 10, warmup: int = 3) -> dict:
+    """Achieved bf16 matmul FLOP/s on random n×n operands (the practical ceiling MFU* is taken against)."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(warmup):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0
+    return {"matmul_n": n, "matmul_reps": reps, "matmul_flops_per_s": 2 * n**3 * reps / seconds}
+
+
+def calibrate(size_mib: int = 256, reps: int = 5) -> dict:
+    """Bandwidth and matmul peak on cuda:0, or ``{"available": False, ...}`` without CUDA."""
+    import torch
+
+    from . import bandwidth
+
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "no CUDA device"}
+    out = {"available": True, "device_name": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    out.update(bandwidth.measure(size_mib * 2**20, reps))
+    out.update(matmul_peak())
+    return out
+
+
+def cmd_calibrate(args) -> int:
+    result = calibrate(args.size_mib, args.reps)
+    if not result["available"]:
+        print(f"calibrate: {result['reason']}; nothing measured", file=sys.stderr)
+        return 0
+    os.makedirs(args.run, exist_ok=True)
+    path = os.path.join(args.run, CALIBRATION)
+    _write_json(path, result)
+    print(f"calibrate: {result['device_name']}: H2D {result['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
+          f"D2H {result['d2h_bytes_per_s'] / 1e9:.1f} GB/s (pinned, {args.size_mib} MiB), "
+          f"bf16 matmul {result['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s -> {path}")
+    return 0
+
+
+def cmd_simulate_suite(args) -> int:
+    from .simulated import simulate_suite
+    from .suite import load_suite
+
+    suite = load_suite(args.suite)
+
+    def on_line(line, k, total):
+        sim = line.get("simulated") or {}
+        peak = sim.get("peak_bytes")
+        print(f"[{k}/{total}] {line['strategy']} b={line['batch_size']} s={line['seq_len']}: {line['status']}"
+              + (f" peak {peak / 2**30:.2f} GiB" if peak else "") + (f" {line['reason']}" if line["reason"] else ""),
+              flush=True)
+
+    path = simulate_suite(suite, args.out, on_line=on_line)
+    if path is None:
+        print("simulate-suite: this version has no ckptbench.simulate; no predictions written", file=sys.stderr)
+        return 0
+    print(f"simulated: {path}")
+    return 0
+
+
+def cmd_gpu_summary(args) -> int:
+    from .gpu_summary import format_summary, summarise
+    from .results import load_records
+
+    loaded = load_records(args.run)
+    for problem in loaded.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    calibration = {}
+    cal_path = os.path.join(args.run, CALIBRATION)
+    if os.path.exists(cal_path):
+        with open(cal_path, encoding="utf-8") as fh:
+            calibration = json.load(fh)
+    summary = summarise(loaded.records, calibration)
+    if os.path.isdir(args.run):
+        _write_json(os.path.join(args.run, SUMMARY), summary)
+    print("\n".join(format_summary(summary)))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure pinned host-device bandwidth and bf16 matmul peak (CUDA)")
+    p.add_argument("run", help="results directory to write calibration.json into")
+    p.add_argument("--size-mib", type=int, default=256, help="copy size (default 256)")
+    p.add_argument("--reps", type=int, default=5, help="timed copies each way (default 5)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("simulate-suite", help="FakeTensor predictions for every point of a suite (no GPU)")
+    p.add_argument("suite", help="suite file")
+    p.add_argument("out", help="directory for simulated.jsonl (a results directory, or one to carry there)")
+    p.set_defaults(func=cmd_simulate_suite)
+
+    p = sub.add_parser("gpu-summary", help="MFU/HFU, recompute and offload costs, estimate checks of a run")
+    p.add_argument("run", help="results directory")
+    p.set_defaults(func=cmd_gpu_summary)

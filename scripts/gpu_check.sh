@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# gpu-check: the GPU path end to end in under ten minutes on one CUDA device.
+#
+#   bash scripts/gpu_check.sh OUTDIR          (make gpu-check OUT=OUTDIR)
+#
+# Runs with the machine's own python3 and packages: no virtual environment, no network.  When .whl/ holds
+# wheels (see README, "GPU"), they are installed into /tmp/site first and put ahead on PYTHONPATH.
+# Environment: PYTHON (default python3), SUITE (default suites/gpu-small.toml), MAX_MINUTES (default 8:
+# no point starts later), SIMULATED (a simulated.jsonl made beforehand with `ckptbench simulate-suite`;
+# without it the simulation runs here if time is left), ALLOW_CPU=1 (run on a machine without CUDA: only
+# to test this script itself with a CPU suite).
+#
+# OUTDIR receives at most 8 files, none deeper than OUTDIR/run/: run/records.jsonl, run/suite.toml,
+# run/calibration.json, run/simulated.jsonl, run/summary.json, report.html, logs.tar.gz (per-point
+# worker logs), gpu_check.log (everything printed here).
+set -uo pipefail
+
+OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
+PY=${PYTHON:-python3}
+SUITE=${SUITE:-suites/gpu-small.toml}
+MAX_MINUTES=${MAX_MINUTES:-8}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+RUN="$OUTDIR/run"
+export PYTHONUNBUFFERED=1
+# torch.cuda.is_available() through NVML: the fork server must never initialise CUDA before forking.
+export PYTORCH_NVML_BASED_CUDA_CHECK=1
+step() { echo; echo "== [$(date +%H:%M:%S) +${SECONDS}s] $*"; }
+
+main() {
+step "environment"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    echo "installing carried wheels: $(ls .whl)"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "error: could not install .whl/"; return 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+"$PY" - <<'PYEOF'
+import sys
+import torch, transformers
+from transformers import PreTrainedModel
+print(f"python {sys.version.split()[0]}  torch {torch.__version__}  transformers {transformers.__version__}")
+api = "activation_checkpointing_enable" if hasattr(PreTrainedModel, "activation_checkpointing_enable") \
+    else "gradient_checkpointing_enable (fallback: this transformers has no activation_checkpointing_enable)"
+print(f"checkpointing API: {api}")
+try:
+    import pynvml
+    pynvml.nvmlInit(); print(f"NVML: driver {pynvml.nvmlSystemGetDriverVersion()}"); pynvml.nvmlShutdown()
+except Exception as exc:
+    print(f"NVML: not available ({type(exc).__name__}): energy and device-level memory will be None")
+import os
+if not torch.cuda.is_available():
+    if os.environ.get("ALLOW_CPU") == "1":
+        print("no CUDA device: ALLOW_CPU=1, going on (tests of this script with a CPU suite)")
+        sys.exit(0)
+    print("error: no CUDA device here; gpu-check needs one"); sys.exit(3)
+print(f"device: {torch.cuda.get_device_name(0)}")
+PYEOF
+[ $? -eq 0 ] || return 3
+
+step "calibrate: pinned host<->device bandwidth, bf16 matmul peak"
+timeout 120 "$PY" -m ckptbench calibrate "$RUN" || echo "warning: calibration failed; offload bounds and MFU* will be empty"
+
+step "sweep $SUITE (no point starts after $MAX_MINUTES min)"
+HARD=$(( ${MAX_MINUTES%.*} * 60 + 90 ))
+timeout -s INT -k 30 "$HARD" "$PY" -m ckptbench sweep --suite "$SUITE" --out "$RUN" --resume \
+    --max-minutes "$MAX_MINUTES"
+echo "sweep exit status $?"
+
+step "simulated predictions"
+if [ -n "${SIMULATED:-}" ] && [ -f "$SIMULATED" ]; then
+    cp "$SIMULATED" "$RUN/simulated.jsonl" && echo "copied $SIMULATED"
+elif [ "$SECONDS" -lt 480 ]; then
+    timeout $(( 540 - SECONDS )) "$PY" -m ckptbench simulate-suite "$SUITE" "$RUN" \
+        || echo "warning: simulation stopped early; what it wrote is kept"
+else
+    echo "skipped: ${SECONDS}s spent; make it beforehand with 'ckptbench simulate-suite' and pass SIMULATED="
+fi
+
+step "report"
+timeout 120 "$PY" -m ckptbench report "$RUN" -o "$OUTDIR/report.html" \
+    || echo "warning: the report could not be rendered; records are intact"
+
+step "pack worker logs"
+if [ -d "$RUN/work" ]; then
+    tar -czf "$OUTDIR/logs.tar.gz" -C "$RUN" work && rm -rf "$RUN/work"
+fi
+
+step "summary and estimate checks"
+"$PY" -m ckptbench gpu-summary "$RUN" || echo "warning: summary failed"
+echo
+echo "gpu-check done in ${SECONDS}s; results in $OUTDIR"
+}
+
+main 2>&1 | tee -a "$OUTDIR/gpu_check.log"
+exit "${PIPESTATUS[0]}"

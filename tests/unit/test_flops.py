@@ -1,0 +1,87 @@
+"""FLOP formulas on hand-computed cases (the arithmetic is in the comments)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptbench import flops
+from ckptbench.spec import Case, TrainSpec, preset
+
+TINY = preset("llama-tiny")  # hidden 64, 4 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 128, vocab 256
+
+
+def test_tiny_llama_matmul_params():
+    # q 64·64 = 4096, k and v 64·(2·16) = 2048 each, o 4096  -> 12288
+    # SwiGLU gate/up/down 3·64·128                          -> 24576
+    # one layer 36864; 4 layers 147456; LM head 64·256 = 16384 -> N = 163840
+    fm = flops.flop_model(TINY)
+    assert fm.layer_matmul_params == 36864
+    assert fm.head_matmul_params == 16384
+    assert fm.matmul_params == 163840
+
+
+def test_llama_1b_matches_published_parameter_count():
+    # Llama-3.2-1B has 1,235,814,400 parameters: our N (matmul weights, tied head counted once as the head)
+    # plus the norms (2 per layer + final = 33 × 2048 = 67,584) gives exactly that.
+    spec = preset("llama-1b")
+    assert flops.flop_model(spec).matmul_params + 33 * 2048 == 1_235_814_400
+
+
+def test_gpt2_layer_params():
+    # gpt2-tiny: hidden 64, intermediate 256: fused qkv 3·64·64 + proj 64·64 = 16384, MLP 2·64·256 = 32768
+    assert flops.flop_model(preset("gpt2-tiny")).layer_matmul_params == 16384 + 32768
+
+
+def test_model_flops_per_token_palm_convention():
+    # 6N = 6 · 163840 = 983040; attention 12·L·H·Q·T = 12·4·4·16·32 = 98304  -> 1,081,344 at T = 32
+    assert flops.model_flops_per_token(TINY, 32) == 983040 + 98304
+    # causal halving halves only the attention term: 983040 + 49152
+    assert flops.model_flops_per_token(TINY, 32, causal_halving=True) == 983040 + 49152
+
+
+def test_recompute_and_ideal_ratio():
+    # one layer's forward per token: 2·36864 + 4·H·Q·T = 73728 + 4·4·16·32 (8192) = 81920
+    assert flops.recompute_flops_per_token(TINY, 32, 1) == 81920
+    # full (4 layers): 327680 / 1081344 = 1/3.3  -> ratio 1.30303...
+    assert flops.ideal_recompute_ratio(TINY, 32, 4) == pytest.approx(1 + 1 / 3.3)
+    # every-2 (layers 0 and 2): half of that
+    assert flops.ideal_recompute_ratio(TINY, 32, 2) == pytest.approx(1 + 0.5 / 3.3)
+    assert flops.ideal_recompute_ratio(TINY, 32, 0) == 1.0
+
+
+def test_peak_table_lookup_most_specific_first():
+    assert flops.peak_flops("NVIDIA H200", "bf16") == (989e12, "H200")
+    assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == (835e12, "H200 NVL")
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == (989e12, "H100")
+    assert flops.peak_flops("NVIDIA H100 PCIe", "fp32") == (51e12, "H100 PCIe")
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "fp16") == (312e12, "A100")
+    assert flops.peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert flops.peak_flops(None, "bf16") is None
+
+
+def test_figures_mfu_hfu_on_a_known_device():
+    case = Case(model=preset("llama-tiny", dtype="bf16"), train=TrainSpec(), batch_size=2, seq_len=32,
+                every_n_layers=1)
+    # 64 tokens: model 64 · 1,081,344 = 69,206,016; hardware adds 64 · 327,680 = 20,971,520
+    f = flops.figures(case, step_time_s=1e-3, device_name="NVIDIA H200")
+    assert f["model_flops_per_step"] == 69_206_016
+    assert f["hardware_flops_per_step"] == 69_206_016 + 20_971_520
+    assert f["mfu"] == pytest.approx(69_206_016 / 1e-3 / 989e12)
+    assert f["hfu"] == pytest.approx(90_177_536 / 1e-3 / 989e12)
+    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 1 / 3.3)
+    g = flops.figures(case, 1e-3, "NVIDIA H200", measured_peak=790e12)
+    assert g["mfu_measured_peak"] == pytest.approx(69_206_016 / 1e-3 / 790e12)
+
+
+def test_figures_on_cpu_keep_the_ratio_only():
+    case = Case(model=TINY, train=TrainSpec(), batch_size=2, seq_len=32, every_n_layers=2)
+    f = flops.figures(case, 0.01, device_name=None)
+    assert "mfu" not in f and "hfu" not in f
+    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 0.5 / 3.3)
+
+
+def test_utilisation_guards():
+    assert flops.utilisation(1e12, None, 1e15) is None
+    assert flops.utilisation(1e12, 0.0, 1e15) is None
+    assert flops.utilisation(1e12, 1.0, None) is None
+    assert flops.utilisation(1e12, 1.0, 1e15) == pytest.approx(1e-3)

@@ -1,0 +1,55 @@
+"""CUDA out-of-memory becomes a result with status oom, whichever way torch raises it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import torch
+
+from ckptbench import worker
+from ckptbench.spec import Case, TrainSpec, preset
+
+
+def test_cuda_oom_is_the_class_child_main_catches():
+    assert torch.cuda.OutOfMemoryError is torch.OutOfMemoryError
+
+
+def test_oom_messages_outside_the_allocator():
+    assert worker.is_oom_error(RuntimeError("CUDA error: out of memory\nCUDA kernel errors ..."))
+    assert worker.is_oom_error(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert not worker.is_oom_error(RuntimeError("shape mismatch"))
+    assert not worker.is_oom_error(ValueError("out of memory"))
+
+
+def _raise_oom(case, t_submit=None, fault=None):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def _raise_runtime_oom(case, t_submit=None, fault=None):
+    raise RuntimeError("CUDA error: out of memory")
+
+
+def _run_child(tmp_path, measure, monkeypatch) -> dict:
+    # child_main redirects its process's stdout/stderr, so it runs in a forked child (which inherits
+    # the patched measure), exactly as a sweep worker would.
+    monkeypatch.setattr(worker, "measure", measure)
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    result_path, log_path = str(tmp_path / "r.json"), str(tmp_path / "w.log")
+    proc = multiprocessing.get_context("fork").Process(
+        target=worker.child_main, args=(case.to_dict(), result_path, log_path, 0.0))
+    proc.start()
+    proc.join(60)
+    with open(result_path) as fh:
+        return json.load(fh)
+
+
+def test_child_main_records_oom(tmp_path, monkeypatch):
+    result = _run_child(tmp_path, _raise_oom, monkeypatch)
+    assert result["status"] == "oom"
+    assert "Tried to allocate" in result["reason"]
+
+
+def test_child_main_records_runtime_oom(tmp_path, monkeypatch):
+    result = _run_child(tmp_path, _raise_runtime_oom, monkeypatch)
+    assert result["status"] == "oom"
