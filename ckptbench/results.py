@@ -103,7 +103,17 @@ def load_records(path: str) -> LoadedRecords:
             out.problems.append(f"{path}:{number}: schema {record.get('schema')!r} != {SCHEMA_VERSION} ignored")
             continue
         out.records.append(record)
+    out.records = _latest_per_case(out.records)
     return out
+
+
+def _latest_per_case(records: list[dict]) -> list[dict]:
+    """One record per Case, the last one written: a point recorded as ``skipped`` (deadline) and run
+    later by ``--resume`` has two lines, and the later one is the result.  Order of first appearance."""
+    latest: dict[str, dict] = {}
+    for record in records:
+        latest[record["case_id"]] = record  # a later line replaces an earlier one, in its place
+    return list(latest.values())
 
 
 def to_frame(records: list[dict]):

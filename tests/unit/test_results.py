@@ -64,3 +64,12 @@ def test_missing_file_and_foreign_lines(tmp_path):
     loaded = load_records(path)
     assert loaded.records == []
     assert len(loaded.problems) == 2
+
+
+def test_a_later_record_of_the_same_case_replaces_the_earlier(tmp_path):
+    store = RecordStore(str(tmp_path))
+    store.append({"case_id": "a", "status": "skipped"})
+    store.append({"case_id": "b", "status": "ok"})
+    store.append({"case_id": "a", "status": "ok"})
+    loaded = load_records(str(tmp_path))
+    assert [(r["case_id"], r["status"]) for r in loaded.records] == [("a", "ok"), ("b", "ok")]
