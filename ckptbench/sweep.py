@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .env import host_environment
+from .faults import Fault
 from .results import RecordStore
 from .spec import Case, Suite
-from .worker import Fault
 
 STDERR_TAIL_CHARS = 2000
 

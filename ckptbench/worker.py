@@ -14,10 +14,10 @@ import os
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
+from .faults import Fault
 from .flops import figures as flop_figures
 from .memory import StorageSerials, probe_for, step_probe_for
 from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
@@ -26,14 +26,6 @@ from .spec import Case
 from .timing import StepStats, timer_for
 
 PIN_ERROR_HINT = "pin_memory=True requires"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A test-only fault to inject into a worker (never set by suites): proves failures are results."""
-
-    kind: str  # raise | segfault | hang | exit | slow
-    seconds: float = 0.0
 
 
 def pinned_memory_error() -> str | None:

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from ckptbench.cli import main
+from ckptbench.faults import Fault
 from ckptbench.results import load_records
 from ckptbench.suite import load_suite
 from ckptbench.sweep import SweepOptions, run_sweep
-from ckptbench.worker import Fault
 
 pytestmark = pytest.mark.e2e
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from ckptbench.faults import Fault
 from ckptbench.results import load_records
 from ckptbench.suite import load_suite
 from ckptbench.sweep import SweepOptions, run_sweep
-from ckptbench.worker import Fault
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,19 @@
+"""Test-only faults a sweep can inject into a worker, to prove that failures become results.
+
+Kept apart from ``worker.py`` so that the sweep's parent process, which passes them along, never
+imports torch (importing it costs seconds; the workers' fork server has it loaded already).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What to do inside the worker: raise, segfault, hang, exit(3), or sleep ``seconds`` per timed step."""
+
+    kind: str
+    seconds: float = 0.0
