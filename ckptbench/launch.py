@@ -92,6 +92,12 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status, reason = "timeout", f"killed after {timeout_s:.0f}s"
+        except BaseException:
+            # Ctrl-C reaches only our process group; the ranks run in their own session, so take
+            # them down before the interrupt goes on.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     wall_s = time.perf_counter() - start
     results = []
     for c in cases:
