@@ -270,8 +270,10 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
 
 def estimate_vs_measured(rows: list[dict]) -> Figure | None:
     """Measured against estimated for each check, per quantity, with the y = x line."""
-    pts = [r for r in rows if isinstance(r.get("measured"), (int, float)) and isinstance(r.get("estimated"),
-                                                                                         (int, float))]
+    # byte quantities only: counts (syncs, collectives) and layer lists have no place on a MiB axis
+    pts = [r for r in rows if "bytes" in str(r.get("quantity")) or str(r.get("quantity")).startswith("peak_")]
+    pts = [r for r in pts if isinstance(r.get("measured"), (int, float))
+           and isinstance(r.get("estimated"), (int, float))]
     if not pts:
         return None
     quantities = sorted({str(r["quantity"]) for r in pts})
