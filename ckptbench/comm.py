@@ -8,14 +8,12 @@ accelerate's per-parameter all-reduces and barriers, and torch's model averager 
 ``tests/e2e/test_localsgd.py``; on CPU the reducer's all-reduce runs on the main thread, inside
 backward).
 
-Two front ends share one :class:`CollectiveRecorder`:
-
-* :class:`C10dInterposer` (used for measurements) registers a Python kernel for each ``c10d`` op at the
-  ``Autograd`` dispatch key, records, and redispatches below autograd to the real backend kernel.  Only
-  collectives pay for it; compute ops never enter Python.
-* :class:`CollectiveDispatchMode` is the textbook ``TorchDispatchMode``.  It sees the same ops, but every
-  aten op of the step is routed through Python: on ``llama-tiny`` on CPU it made a forward+backward
-  ~1.6-1.9x slower, which would distort the step times it is recorded next to.  Kept as the cross-check.
+:class:`C10dInterposer` registers a Python kernel for each ``c10d`` op at the ``Autograd`` dispatch key,
+records into a :class:`CollectiveRecorder`, and redispatches below autograd to the real backend kernel.
+Only collectives pay for it; compute ops never enter Python.  The textbook ``TorchDispatchMode`` sees
+the same ops (it gave the same counts per step in a 4-step DDP run), but routes every aten op of the
+step through Python: on ``llama-tiny`` on CPU it made forward+backward 1.6-1.9x slower, which would
+distort the step times recorded next to the counts.
 
 Time: a collective's *issue* time is taken at the call and its *completion* time from a callback on
 the ``Work``'s future (run by the backend's thread), so ``comm_s`` is issue-to-completion, overlapped
@@ -34,7 +32,6 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .comm_estimate import BUS_FACTORS, bus_bytes
 
@@ -226,18 +223,3 @@ class C10dInterposer:
             self._lib._destroy()
             self._lib = None
         return False
-
-
-class CollectiveDispatchMode(TorchDispatchMode):
-    """The same log from a ``TorchDispatchMode``: sees every c10d op, but slows compute (see module doc)."""
-
-    def __init__(self, recorder: CollectiveRecorder):
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace == "c10d" and func._opname in PAYLOAD_ARG:
-            return self.recorder.record(func._opname, args, kwargs, func._schema,
-                                        lambda: func(*args, **kwargs))
-        return func(*args, **kwargs)

@@ -29,61 +29,40 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .comm import C10dInterposer, CollectiveRecorder
+from .memory import LiveStorageTracker
 from .models import build_model, enable_checkpointing, synthetic_batch
 from .spec import Case
 
 SYNC_IMPLS = ("accelerate", "torch-averager")
 
 
-class ForwardLiveBytes(TorchDispatchMode):
-    """Bytes of storages allocated inside the mode and still alive when it exits.
+class ForwardActivations:
+    """Bytes a forward pass leaves alive for backward, counted by the harness's live-storage tracker.
 
-    Around a forward pass this is what the forward leaves behind for backward (saved activations,
-    logits, loss).  A storage counts when an op returns it and none of the op's inputs held it (views
-    and in-place ops allocate nothing).  Seam: ``ckptbench/memory.py`` (on main) will provide the
-    harness's live-storage tracker; ``train_rank(forward_meter=...)`` takes any factory of a context
-    manager with a ``result() -> int`` method, so that tracker can replace this one.
+    Parameters and buffers are registered first, so views of weights (``weight.t()`` in a linear) stay
+    parameters; everything the forward allocates and still holds at its end (saved activations, logits,
+    loss) is the result.  It slows the ops it sees, so only the metered iterations use it.
     """
 
-    def __init__(self):
-        super().__init__()
-        self._live: dict[int, tuple] = {}
-        self.live_bytes = 0
+    def __init__(self, model: torch.nn.Module):
+        self.tracker = LiveStorageTracker()
+        for t in (*model.parameters(), *model.buffers()):
+            self.tracker.track(t, "params")
+        self.bytes = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs))}
-        for t in _tensors(out):
-            st = t.untyped_storage()
-            if st._cdata not in inputs and st._cdata not in self._live and st.nbytes() > 0:
-                from torch.multiprocessing.reductions import StorageWeakRef
-
-                self._live[st._cdata] = (StorageWeakRef(st), st.nbytes())
-        return out
+    def __enter__(self):
+        self.tracker.__enter__()
+        return self
 
     def __exit__(self, *exc):
-        # Snapshot now: after backward the saved activations are gone.
-        self.live_bytes = sum(n for ref, n in self._live.values() if not ref.expired())
-        self._live.clear()
-        return super().__exit__(*exc)
+        self.bytes = self.tracker.by_category["activations"]  # now: after backward they are gone
+        self.tracker.__exit__(*exc)
+        return False
 
     def result(self) -> int:
-        return self.live_bytes
-
-
-def _tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _tensors(v)
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
+        return self.bytes
 
 
 class TorchAveragerSync:
@@ -162,7 +141,7 @@ def _will_sync(sync, k: int) -> bool:
     return k > 0 and (sync.num_steps + 1) % k == 0
 
 
-def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardLiveBytes) -> dict:
+def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardActivations) -> dict:
     """Run `case` on this rank (inside torchrun) and return this rank's measurements.
 
     ``case.train.warmup_steps + case.train.steps`` optimizer steps are run, each of ``case.grad_accum``
@@ -218,7 +197,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardL
             for it in range(iterations):
                 recorder.set_step(it)
                 metered = it < train.memory_steps * case.grad_accum
-                meter = forward_meter() if metered and forward_meter is not None else nullcontext()
+                meter = forward_meter(model) if metered and forward_meter is not None else nullcontext()
                 t0 = time.perf_counter()
                 with accelerator.accumulate(model):
                     with meter:
