@@ -63,6 +63,7 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
             raise ValueError("cases run in one torchrun group must share world_size, device and threads")
         if c.world_size < 2:
             raise ValueError(f"case {c.id}: a distributed case needs world_size >= 2, got {c.world_size}")
+    workdir = os.path.abspath(workdir)  # torchrun runs with workdir as its cwd: no relative paths past here
     os.makedirs(workdir, exist_ok=True)
     case_paths = []
     for c in cases:

@@ -4,6 +4,8 @@ Two torchrun groups in all (accelerate's LocalSGD, then torch's averager), each 
 in one process group, because a torchrun start-up costs seconds.
 """
 
+import os
+
 import pytest
 
 from ckptbench.comm_estimate import comm_estimate
@@ -26,8 +28,14 @@ ACCELERATE_CASES = {"k0": case(0), "k4": case(4), "k8": case(8), "k0-accum2": ca
 
 
 def _measure(cases: dict, tmp_path_factory, sync_impl: str) -> dict:
-    results = run_distributed_cases(list(cases.values()), str(tmp_path_factory.mktemp(sync_impl)), 600,
-                                    sync_impl=sync_impl)
+    # a relative work directory, as `sweep --out results/NAME` gives: the ranks run elsewhere
+    work = tmp_path_factory.mktemp(sync_impl)
+    cwd = os.getcwd()
+    os.chdir(work.parent)
+    try:
+        results = run_distributed_cases(list(cases.values()), work.name, 600, sync_impl=sync_impl)
+    finally:
+        os.chdir(cwd)
     out = {}
     for name, r in zip(cases, results):
         assert r["status"] == "ok", f"{name}: {r['reason']}\n{r['stderr_tail']}"
