@@ -62,6 +62,28 @@ def summary_table(records: list[dict]):
     return table
 
 
+def comm_table(records: list[dict]):
+    """Multi-rank points: what local SGD saves in bytes and what it costs in loss."""
+    from rich.table import Table
+
+    table = Table(title="ckptbench sweep: data-parallel points (per rank, per optimizer step)")
+    for col in ("strategy", "world", "K", "status", "all-reduce KiB/step", "collectives/step", "syncs",
+                "sync ms", "step ms", "final loss", "estimate"):
+        table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
+    for r in records:
+        m = r.get("measurement") or {}
+        c = r["case"]
+
+        def num(key, fmt, scale=1.0, m=m):
+            return "-" if m.get(key) is None else format(m[key] * scale, fmt)
+
+        table.add_row(r["strategy"], str(c["world_size"]), str(c["local_sgd_steps"]), r["status"],
+                      num("comm_payload_bytes_per_step", ".1f", 1 / 1024), num("collectives_per_step", ".1f"),
+                      num("syncs", ".0f"), num("sync_time_s", ".1f", 1e3), num("step_time_median_s", ".1f", 1e3),
+                      num("final_loss", ".4f"), r.get("verdict", "-"))
+    return table
+
+
 def cmd_sweep(args) -> int:
     from rich.console import Console
 
@@ -106,7 +128,12 @@ def cmd_sweep(args) -> int:
     loaded = load_records(out)
     for problem in loaded.problems:
         console.print(f"[yellow]warning:[/yellow] {problem}")
-    console.print(summary_table(result.records))
+    single = [r for r in result.records if r["case"]["world_size"] == 1]
+    multi = [r for r in result.records if r["case"]["world_size"] > 1]
+    if single or not multi:
+        console.print(summary_table(single))
+    if multi:
+        console.print(comm_table(multi))
     console.print(f"records: {os.path.join(out, 'records.jsonl')}")
     if args.csv:
         from .results import export_csv
