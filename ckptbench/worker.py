@@ -112,12 +112,18 @@ def _nullcontext():
     yield
 
 
+class Unsupported(Exception):
+    """The point cannot run on this machine at all (not a failure of the setting): recorded as such."""
+
+
 def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None) -> dict:
     """Build the model for `case`, train warm-up + memory + timed steps, return the measurement."""
     t_enter = time.time()
     torch.set_num_threads(case.train.threads)
     torch.manual_seed(case.train.seed)
     device = torch.device(case.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Unsupported(f"device 'cuda' requested, but this torch ({torch.__version__}) sees no CUDA device")
     if fault is not None and fault.kind != "slow":
         inject(fault)
 
@@ -246,6 +252,8 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
+    except Unsupported as exc:
+        result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class
         traceback.print_exc()
         result = {"status": "oom", "reason": str(exc).splitlines()[0][:500]}

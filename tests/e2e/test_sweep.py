@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from ckptbench.faults import Fault
 from ckptbench.results import load_records
@@ -130,3 +131,14 @@ def test_ctrl_c_keeps_finished_records_and_says_how_to_resume(tmp_path, write_su
     loaded = load_records(out)
     assert loaded.problems == [] and 2 <= len(loaded.records) < 6
     assert all(r["status"] == "ok" for r in loaded.records)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_suite_on_a_machine_without_cuda_is_recorded_unsupported(tmp_path, write_suite):
+    text = SIX.replace('timeout_s = 60', 'timeout_s = 60\ndevice = "cuda"').replace("batch_size = [1, 2]",
+                                                                                  "batch_size = [1]")
+    suite = load_suite(write_suite(text))
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    records = load_records(str(tmp_path / "run")).records
+    assert len(records) == 3
+    assert all(r["status"] == "unsupported" and "no CUDA device" in r["reason"] for r in records)
