@@ -37,6 +37,41 @@ def _tail(path: str, n: int = 4000) -> str:
         return ""
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc's parent links.
+
+    torchrun's agent starts each rank in a session of its own, so killing torchrun's process group
+    leaves the ranks running (on a GPU, holding its memory).  The tree has to be collected while
+    torchrun is still alive: once it dies the ranks are re-parented and the links are gone.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun, its agent's workers and anything they started, then reap torchrun."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def torchrun_command(case_paths: list[str], out_dir: str, world_size: int, port: int,
                      sync_impl: str) -> list[str]:
     cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(world_size), "--master-addr", "127.0.0.1",
@@ -90,14 +125,10 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
             if rc != 0:
                 status, reason = "crash", f"torchrun exited with {rc}"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status, reason = "timeout", f"killed after {timeout_s:.0f}s"
+            kill_tree(proc)
+            status, reason = "timeout", f"killed after {timeout_s:g} s (torchrun and every rank)"
         except BaseException:
-            # Ctrl-C reaches only our process group; the ranks run in their own session, so take
-            # them down before the interrupt goes on.
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc)  # Ctrl-C reaches only our process group, not the ranks' sessions
             raise
     wall_s = time.perf_counter() - start
     results = []

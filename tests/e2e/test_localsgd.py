@@ -134,9 +134,14 @@ def test_result_shape(accelerate_runs):
 
 def test_timeout_kills_the_whole_group(tmp_path):
     import subprocess
+    import time
 
-    r = run_distributed_cases([case(4)], str(tmp_path), timeout_s=2)[0]
-    assert r["status"] == "timeout" and r["measurement"] == {}
-    # torchrun's agent and both ranks ran in their own session: none may survive.
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(tmp_path) not in ps
+    for timeout in (1, 3):  # killed while the ranks start up, and once they are training
+        work = tmp_path / f"t{timeout}"
+        r = run_distributed_cases([case(4)], str(work), timeout_s=timeout)[0]
+        assert r["status"] == "timeout" and r["measurement"] == {}
+        # The ranks run in sessions of their own: none may survive, now or a few seconds later.
+        for _ in range(3):
+            ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            assert str(work) not in ps
+            time.sleep(1)
