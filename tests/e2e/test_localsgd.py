@@ -142,6 +142,6 @@ def test_timeout_kills_the_whole_group(tmp_path):
         assert r["status"] == "timeout" and r["measurement"] == {}
         # The ranks run in sessions of their own: none may survive, now or a few seconds later.
         for _ in range(3):
-            ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
             assert str(work) not in ps
             time.sleep(1)
