@@ -162,7 +162,9 @@ class LayerProbe:
             if isinstance(hidden, torch.Tensor):
                 key = self.serials(hidden)
                 if key is not None:
-                    self.input_keys[i] = key
+                    # the first forward's input: with gradient accumulation later micro-batches run
+                    # forward again, but only the first one is counted by the saved-tensor counter
+                    self.input_keys.setdefault(i, key)
             return None
 
         return hook

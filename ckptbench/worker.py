@@ -97,9 +97,9 @@ def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
                 layer_probe.in_backward = False
                 del loss
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
         finally:
-            probe.stop()
+            probe.stop()  # before zero_grad: the CUDA probe reads the gradients it sizes
+        optimizer.zero_grad(set_to_none=True)
     out = probe.result().to_dict()
     out["memory_probe"] = probe.kind
     out.update(counter.summary(layer_probe.keys_of(case.checkpointed_layers)))

@@ -79,3 +79,12 @@ def test_other_families(family):
     assert full["checkpointed_input_bytes"] == 4 * LAYER_INPUT
     assert full["recomputed_layers"] == [0, 1, 2, 3]
     assert none["mem_after_forward_bytes"] > full["mem_after_forward_bytes"]
+
+
+def test_gradient_accumulation_counts_the_first_micro_batch():
+    # grad_accum 2: the memory step runs two forwards; the counted one keeps exactly 4 layer inputs
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1), batch_size=2, seq_len=128,
+                every_n_layers=1, grad_accum=2)
+    m = measure(case)
+    assert m["checkpointed_input_bytes"] == 4 * LAYER_INPUT
+    assert m["recomputed_layers"] == [0, 1, 2, 3]
