@@ -157,20 +157,44 @@ def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: 
     return run_distributed_cases([case], workdir, timeout_s, sync_impl)[0]
 
 
+def per_optimizer_step(steps: list[dict]) -> list[list[dict]]:
+    """Group the per-micro-batch entries a rank wrote into optimizer steps (the last micro-batch of a
+    step is the one with ``optimizer_step`` set); with no accumulation each group is one entry."""
+    groups, current = [], []
+    for st in steps:
+        current.append(st)
+        if st["optimizer_step"]:
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups
+
+
 def flatten_measurement(case: Case, data: dict) -> dict:
     """The rank-0 JSON in the record's common measurement shape, the full per-rank data kept beside it.
 
-    Per step means per optimizer step, so K (counted in micro-batches by accelerate) and gradient
-    accumulation compare on one axis.
+    Per step means per optimizer step (all micro-batches of it), so K (counted in micro-batches by
+    accelerate), gradient accumulation and tokens per step (``case.tokens_per_step``) share one axis.
     """
     import statistics
 
     s = data["summary"]
     r0 = data["ranks"][0]
     steps = r0["optimizer_steps"]
-    timed = [st["step_s"] for st in r0["steps"] if not st["warmup"] and not st["metered"]]
-    median = statistics.median(timed) if timed else None
-    est = s["estimate"]
+    groups = per_optimizer_step(r0["steps"])
+    timed = [g for g in groups if not any(st["warmup"] or st["metered"] for st in g)]
+    step_times = [sum(st["step_s"] for st in g) for g in timed]
+    median = statistics.median(step_times) if step_times else None
+
+    def mean_loss(group: list[dict]) -> float:
+        return sum(st["loss"] for st in group) / len(group)
+
+    if case.local_sgd_steps:
+        sync_time = s["sync_s_mean"]  # per averaging
+    else:  # DDP: the backward's wait for its last bucket, per optimizer step
+        waits = [sum(st["sync_s"] for st in g) for g in timed]
+        sync_time = sum(waits) / len(waits) if waits else None
     return {
         "comm_payload_bytes_per_step": s["allreduce_payload_bytes_per_rank"][0] / steps,
         "comm_bus_bytes_per_step": s["bus_bytes_per_rank"][0] / steps,
@@ -180,19 +204,19 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "collectives_per_step": s["collectives_per_rank"][0] / steps,
         "collectives_per_sync": s["collectives_per_sync"],
         "syncs": s["syncs"],
-        "sync_time_s": s["sync_s_mean"] if case.local_sgd_steps else s["ddp_wait_s_mean"],
-        "losses": [st["loss"] for st in r0["steps"]],
-        "loss_per_rank": [[st["loss"] for st in r["steps"]] for r in data["ranks"]],
+        "sync_time_s": sync_time,
+        "losses": [mean_loss(g) for g in groups],
+        "loss_per_rank": [[mean_loss(g) for g in per_optimizer_step(r["steps"])] for r in data["ranks"]],
         "divergence_before_sync": [st["divergence"] for st in r0["steps"] if st["synced"]],
         "final_loss": s["final_loss_per_rank"][0],
         "eval_loss": s["eval_loss_per_rank"][0],
         "final_divergence": s["final_divergence"],
-        "step_times_s": timed,
+        "step_times_s": step_times,
         "step_time_median_s": median,
         "tokens_per_s": case.tokens_per_step / median if median else None,
         "activations_after_forward_bytes": (r0["forward_live_bytes"] or [None])[0],
         "params_bytes": r0["param_bytes"],
-        "comm_estimate": est,
+        "comm_estimate": s["estimate"],
         "sync_impl": r0["sync_impl"],
         "world_size_seen": r0["world_size"],
         "distributed": data,

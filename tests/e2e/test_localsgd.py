@@ -145,3 +145,19 @@ def test_timeout_kills_the_whole_group(tmp_path):
             ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
             assert str(work) not in ps
             time.sleep(1)
+
+
+@pytest.mark.parametrize("name", ["k0", "k0-accum2", "k4-accum2"])
+def test_record_figures_are_per_optimizer_step(accelerate_runs, name):
+    from ckptbench.launch import flatten_measurement
+
+    c = ACCELERATE_CASES[name]
+    m = flatten_measurement(c, accelerate_runs[name])
+    # 16 optimizer steps, the first one metered (memory), so 15 timed steps of grad_accum micro-batches
+    assert len(m["step_times_s"]) == STEPS - 1
+    assert len(m["losses"]) == STEPS and all(len(r) == STEPS for r in m["loss_per_rank"])
+    micro = [st["step_s"] for st in accelerate_runs[name]["ranks"][0]["steps"][c.grad_accum:]]
+    assert sum(m["step_times_s"]) == pytest.approx(sum(micro))
+    # tokens per optimizer step over the median optimizer-step time (both ranks, all micro-batches)
+    assert c.tokens_per_step == 2 * 32 * 2
+    assert m["tokens_per_s"] == pytest.approx(c.tokens_per_step / m["step_time_median_s"])
