@@ -7,6 +7,7 @@ traceback means a bug in ckptbench.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -25,6 +26,16 @@ def _shard(text: str) -> tuple[int, int]:
     if not 1 <= i <= n:
         raise argparse.ArgumentTypeError(f"--shard i/n needs 1 <= i <= n, got {text!r}")
     return i, n
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def _fmt_mib(value) -> str:
@@ -160,6 +171,8 @@ def cmd_report(args) -> int:
     out = args.output or os.path.join("reports", os.path.basename(os.path.normpath(args.run)) + ".html")
     if args.baseline and not os.path.exists(args.baseline):
         raise UsageError(f"{args.baseline}: no such baseline results directory")
+    if os.path.isdir(out):
+        raise UsageError(f"-o {out} is a directory; give the HTML file's path")
     return _render(args.run, out, Console(stderr=True), args.baseline)
 
 
@@ -201,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
     p.add_argument("--dry-run", action="store_true", help="list the Cases and exit without running")
     p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
-    p.add_argument("--timeout", type=float, help="per-Case timeout in seconds (overrides the suite)")
-    p.add_argument("--max-minutes", type=float, metavar="M",
+    p.add_argument("--timeout", type=_positive_seconds, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--max-minutes", type=_positive_seconds, metavar="M",
                    help="start no Case after M minutes; the rest are recorded as skipped (--resume runs them)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")

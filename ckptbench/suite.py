@@ -13,6 +13,7 @@ process, and a choice of averaging implementation where nothing is averaged.  A 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import shutil
 import sys
@@ -88,6 +89,8 @@ class _Checker:
         return table
 
     def positive(self, key: str, value, allow_zero: bool = False):
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, f"must be a finite number, got {value!r}")
         if value < 0 or (value == 0 and not allow_zero):
             self.fail(key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
         return value
@@ -197,13 +200,15 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
             ck.fail("sweep.sync_impl", f"unknown averaging {impl!r}; known: {', '.join(SYNC_IMPLS)}")
     if max(axes["world_size"]) > 1 and not launcher_available():
         ck.fail("sweep.world_size", "world_size > 1 needs torchrun, which was not found")
+    if min(axes["seq_len"]) < 2:
+        ck.fail("sweep.seq_len", "must be >= 2: a causal LM predicts token t+1 from tokens up to t")
     if max(axes["seq_len"]) > model.max_positions:
         ck.fail("sweep.seq_len", f"{max(axes['seq_len'])} exceeds model.max_positions={model.max_positions}")
     for key in ("timeout_s", "memory_budget_gib"):
         if key in suite:
             ck.positive(f"suite.{key}", suite[key])
     budgets = suite.get("budgets_gib", [])
-    if not all(_is(b, (int, float)) and b > 0 for b in budgets):
+    if not all(_is(b, (int, float)) and math.isfinite(b) and b > 0 for b in budgets):
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
     cases = []

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .env import host_environment
+from .errors import UsageError
 from .faults import Fault
 from .results import RecordStore
 from .spec import Case, Suite
@@ -138,11 +139,25 @@ def _judge_budget(result: dict, budget: int | None) -> None:
         result["reason"] = f"peak {m['peak_bytes'] / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB"
 
 
-def _keep_suite_text(suite: Suite, run_dir: str) -> None:
-    """Store the suite file beside the records, so a report can show exactly what was asked for."""
+def _keep_suite_text(suite: Suite, run_dir: str, recorded_ids: set[str]) -> None:
+    """Store the suite file beside the records, so a report shows exactly what was asked for.
+
+    The records of a directory always belong to the suite stored there.  Another suite may write into
+    it only if every point already recorded is one of its own points (a suite grown by more axis
+    values, resumed to add them); the stored file is then replaced by the new one.  Anything else would
+    mix two experiments under one suite file, and is refused.
+    """
     path = os.path.join(run_dir, "suite.toml")
-    if not os.path.exists(path) and suite.text:
-        tmp = path + ".tmp"
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == suite.text:
+                return
+        foreign = recorded_ids - {c.id for c in suite.cases}
+        if foreign:
+            raise UsageError(f"{run_dir} holds {len(foreign)} points of another suite (its suite.toml differs "
+                             f"from {suite.path}); write to another --out")
+    if suite.text:
+        tmp = f"{path}.tmp{os.getpid()}"  # per process: shards started together must not share it
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(suite.text)
         os.replace(tmp, path)
@@ -170,15 +185,17 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
               annotate: Callable[[Case, dict], None] | None = None) -> SweepResult:
     """Run the planned Cases not yet in the store; append one record per Case as soon as it ends."""
+    if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
+        raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
     store = RecordStore(options.out_dir)
     store.ensure()
-    _keep_suite_text(suite, options.out_dir)
+    recorded = store.load().records
+    _keep_suite_text(suite, options.out_dir, {r["case_id"] for r in recorded})
     work_dir = os.path.join(options.out_dir, "work")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
     # a Case recorded as skipped (deadline) was never run: --resume runs it
-    done_ids = {r["case_id"] for r in store.load().records if r.get("status") != "skipped"} \
-        if options.resume else set()
+    done_ids = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if options.resume else set()
     todo = [c for c in planned if c.id not in done_ids]
     skipped = [c.id for c in planned if c.id in done_ids]
     timeout = options.timeout_s or suite.timeout_s

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from ckptbench.errors import UsageError
 from ckptbench.faults import Fault
 from ckptbench.results import load_records
 from ckptbench.suite import load_suite
@@ -142,3 +143,31 @@ def test_cuda_suite_on_a_machine_without_cuda_is_recorded_unsupported(tmp_path, 
     records = load_records(str(tmp_path / "run")).records
     assert len(records) == 3
     assert all(r["status"] == "unsupported" and "no CUDA device" in r["reason"] for r in records)
+
+
+def test_a_different_suite_may_not_write_into_a_run(tmp_path, write_suite):
+    out = str(tmp_path / "run")
+    first = load_suite(write_suite(SIX.replace("batch_size = [1, 2]", "batch_size = [1]"), "a.toml"))
+    run_sweep(first, SweepOptions(out_dir=out, shard=(1, 3)))
+    # other training settings: the recorded point is not one of this suite's points
+    other = load_suite(write_suite(SIX.replace("steps = 1", "steps = 2"), "b.toml"))
+    with pytest.raises(UsageError, match="points of another suite"):
+        run_sweep(other, SweepOptions(out_dir=out, resume=True))
+    # a grown suite (one more batch size) keeps every recorded point: it may resume, and is stored
+    grown = load_suite(write_suite(SIX, "c.toml"))
+    result = run_sweep(grown, SweepOptions(out_dir=out, resume=True))
+    assert len(result.skipped_ids) == 1 and len(result.records) == 5
+    with open(os.path.join(out, "suite.toml")) as fh:
+        assert fh.read() == grown.text
+
+
+def test_shards_started_together_share_one_output(tmp_path, write_suite):
+    path = write_suite(SIX)
+    out = str(tmp_path / "run")
+    procs = [_cli(path, out, "--shard", f"{i}/2") for i in (1, 2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    loaded = load_records(out)
+    assert loaded.problems == []
+    assert sorted(r["case_id"] for r in loaded.records) == sorted(c.id for c in load_suite(path).cases)

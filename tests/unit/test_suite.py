@@ -93,6 +93,10 @@ BAD = [
     ("device", {"suite": 'device = "tpu"'}, "suite.device", "unknown device"),
     ("timeout", {"suite": "timeout_s = 0"}, "suite.timeout_s", "> 0"),
     ("optimizer", {"train": 'optimizer = "sgd"'}, "train.optimizer", "adamw"),
+    ("nan budget", {"suite": "memory_budget_gib = nan"}, "suite.memory_budget_gib", "finite"),
+    ("inf timeout", {"suite": "timeout_s = inf"}, "suite.timeout_s", "finite"),
+    ("inf budgets", {"suite": "budgets_gib = [inf]"}, "suite.budgets_gib", "positive numbers"),
+    ("seq 1", {"sweep": "batch_size = [1]\nseq_len = [1]"}, "sweep.seq_len", ">= 2"),
 ]
 
 
@@ -163,3 +167,22 @@ def test_shipped_suites_parse():
     cpu = load_suite("suites/cpu.toml")
     assert len(smoke.cases) == 5
     assert len(cpu.cases) >= 12
+
+
+@pytest.mark.parametrize("flag,value", [("--timeout", "nan"), ("--timeout", "-1"), ("--max-minutes", "inf")])
+def test_cli_rejects_non_positive_or_non_finite_limits(write_suite, flag, value):
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", write_suite(), flag, value,
+                           "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "finite number > 0" in proc.stderr
+
+
+def test_out_that_is_a_file_and_report_into_a_directory(tmp_path, write_suite):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", write_suite(), "--out",
+                           str(afile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(tmp_path), "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "is a directory" in proc.stderr and "Traceback" not in proc.stderr
