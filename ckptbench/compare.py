@@ -199,7 +199,9 @@ def _delta(q: Quantity, old: float | None, new: float | None, thresholds: Thresh
 def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = Thresholds(),
                    kind: str = SWEEP) -> Comparison:
     """Match by key and judge each pair; keys on one side only are kept in ``only_old`` / ``only_new``."""
-    old_by, new_by = {p.key: p for p in old}, {p.key: p for p in new}
+    # a point recorded as skipped (a sweep's deadline) was never measured: it counts as absent there
+    old_by = {p.key: p for p in old if p.status != "skipped"}
+    new_by = {p.key: p for p in new if p.status != "skipped"}
     points = []
     for key, o in old_by.items():
         n = new_by.get(key)

@@ -121,6 +121,13 @@ def test_one_sided_points_are_listed_and_do_not_fail():
     assert any(line.startswith("only in new: added") and "(crash)" in line for line in lines)
 
 
+def test_a_deadline_skipped_point_is_unmeasured_not_a_regression():
+    comparison = compare_runs([synthetic_record("a"), synthetic_record("b")],
+                              [synthetic_record("a"), synthetic_record("b", status="skipped")])
+    assert not comparison.failed
+    assert [p.key for p in comparison.only_old] == ["b"]
+
+
 def test_no_common_point_is_said_out_loud():
     comparison = compare_runs([synthetic_record("a")], [synthetic_record("b")])
     assert not comparison.failed and comparison.points == []
