@@ -10,7 +10,7 @@ import argparse
 import json
 
 from . import estimate as est_mod
-from .spec import ATTENTIONS, DTYPES, PRESETS, preset
+from .spec import ATTENTIONS, DTYPES, PRESETS
 
 GIB = 1024**3
 
@@ -87,24 +87,36 @@ def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+FLAGS = {"sweep.batch_size": "--batch", "sweep.seq_len": "--seq", "sweep.every_n_layers": "--every-n-layers",
+         "sweep.offload": "--offload", "sweep.grad_accum": "--grad-accum"}
+
+
+def case_from_args(args: argparse.Namespace):
+    """The point the flags describe, validated by the same rules as a suite file (one source of truth)."""
+    from .errors import UsageError
+    from .suite import SuiteError, parse_suite
+
+    model = [f'preset = "{args.model}"'] + [f'{k} = "{v}"' for k, v in (("dtype", args.dtype),
+                                                                        ("attn", args.attn)) if v]
+    text = "\n".join([
+        f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model, "[sweep]",
+        f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", f"every_n_layers = [{args.every_n_layers}]",
+        f"offload = [{'true' if args.offload else 'false'}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
+    ])
+    try:
+        return parse_suite(text, "estimate").cases[0]
+    except SuiteError as exc:
+        raise UsageError(f"{FLAGS.get(exc.key, exc.key)}: {exc.reason}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    overrides = {}
-    if args.dtype:
-        overrides["dtype"] = args.dtype
-    if args.attn:
-        overrides["attn"] = args.attn
-    spec = preset(args.model, **overrides)
-    if args.offload and args.every_n_layers <= 0:
-        print("error: --offload needs --every-n-layers >= 1 (only checkpointed inputs are offloaded)")
-        return 2
-    device = getattr(args, "device", "cuda")
-    e = est_mod.estimate(spec, args.batch, args.seq, args.every_n_layers, args.offload,
-                         getattr(args, "grad_accum", 1), device)
+    case = case_from_args(args)
+    e = est_mod.estimate_case(case)
     sim = None
     if args.simulate:
         from .simulate import simulate
 
-        sim = simulate(spec, args.batch, args.seq, args.every_n_layers, args.offload).to_dict()
+        sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

@@ -159,3 +159,23 @@ def test_after_forward_matches_the_harness_measurement_on_tiny_llama(every):
         assert abs(m[key] / getattr(e, key) - 1) <= 0.05
         assert m[key] == getattr(e, key)  # today the model is exact on CPU
     assert m["checkpointed_input_bytes"] == e.checkpointed_input_bytes
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--batch", "0"], "--batch: must be > 0"),
+    (["--every-n-layers", "64"], "--every-n-layers: 64 is larger than the model's 32 layers"),
+    (["--seq", "999999999"], "--seq: 999999999 exceeds"),
+    (["--every-n-layers", "0", "--offload"], "--offload: offload needs checkpointing"),
+])
+def test_estimate_cli_validates_like_a_suite(flags, message):
+    import subprocess
+    import sys
+
+    base = {"--batch": "4", "--seq": "8192", "--every-n-layers": "2"}
+    for k, v in zip(flags[::2], flags[1::2]):
+        base[k] = v
+    argv = [a for kv in base.items() for a in kv] + [f for f in flags if f == "--offload"]
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "estimate", "--model", "llama-8b", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {message}") and len(proc.stderr.splitlines()) == 1
