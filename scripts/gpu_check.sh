@@ -5,8 +5,8 @@
 #
 # Runs with the machine's own python3 and packages: no virtual environment, no network.  When .whl/ holds
 # wheels (see README, "GPU"), they are installed into /tmp/site first and put ahead on PYTHONPATH.
-# Environment: PYTHON (default python3), SUITE (default suites/gpu-small.toml), MAX_MINUTES (default 8:
-# no point starts later), SIMULATED (a simulated.jsonl made beforehand with `ckptbench simulate-suite`;
+# Environment: PYTHON (default python3), SUITE (default suites/gpu-small.toml), MAX_MINUTES (default 6:
+# no point starts later), BUDGET_S (default 540: the whole script ends within it, for a 600 s limit), SIMULATED (a simulated.jsonl made beforehand with `ckptbench simulate-suite`;
 # without it the simulation runs here if time is left), ALLOW_CPU=1 (run on a machine without CUDA: only
 # to test this script itself with a CPU suite).
 #
@@ -18,7 +18,8 @@ set -uo pipefail
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}
 SUITE=${SUITE:-suites/gpu-small.toml}
-MAX_MINUTES=${MAX_MINUTES:-8}
+MAX_MINUTES=${MAX_MINUTES:-6}
+BUDGET_S=${BUDGET_S:-540}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -62,26 +63,31 @@ PYEOF
 [ $? -eq 0 ] || return 3
 
 step "calibrate: pinned host<->device bandwidth, bf16 matmul peak"
-timeout 120 "$PY" -m ckptbench calibrate "$RUN" || echo "warning: calibration failed; offload bounds and MFU* will be empty"
+timeout 60 "$PY" -m ckptbench calibrate "$RUN" || echo "warning: calibration failed; offload bounds and MFU* will be empty"
 
-step "sweep $SUITE (no point starts after $MAX_MINUTES min)"
-HARD=$(( ${MAX_MINUTES%.*} * 60 + 90 ))
-timeout -s INT -k 30 "$HARD" "$PY" -m ckptbench sweep --suite "$SUITE" --out "$RUN" --resume \
-    --max-minutes "$MAX_MINUTES"
+# One deadline for the whole script (BUDGET_S from its start): no point starts later than 150 s before
+# it, the sweep is interrupted 90 s before it, and what is left goes to the report and the summary.
+LEFT=$(( BUDGET_S - SECONDS ))
+SWEEP_S=$(( ${MAX_MINUTES%.*} * 60 ))
+[ "$SWEEP_S" -le $(( LEFT - 150 )) ] || SWEEP_S=$(( LEFT - 150 ))
+[ "$SWEEP_S" -ge 30 ] || SWEEP_S=30
+step "sweep $SUITE (no point starts after ${SWEEP_S}s; budget ${BUDGET_S}s, ${LEFT}s left)"
+timeout -s INT -k 20 $(( LEFT - 90 )) "$PY" -m ckptbench sweep --suite "$SUITE" --out "$RUN" --resume \
+    --max-minutes "$(awk "BEGIN { print $SWEEP_S / 60 }")"
 echo "sweep exit status $?"
 
 step "simulated predictions"
 if [ -n "${SIMULATED:-}" ] && [ -f "$SIMULATED" ]; then
     cp "$SIMULATED" "$RUN/simulated.jsonl" && echo "copied $SIMULATED"
-elif [ "$SECONDS" -lt 480 ]; then
-    timeout $(( 540 - SECONDS )) "$PY" -m ckptbench simulate-suite "$SUITE" "$RUN" \
+elif [ $(( BUDGET_S - SECONDS )) -gt 120 ]; then
+    timeout $(( BUDGET_S - SECONDS - 90 )) "$PY" -m ckptbench simulate-suite "$SUITE" "$RUN" \
         || echo "warning: simulation stopped early; what it wrote is kept"
 else
     echo "skipped: ${SECONDS}s spent; make it beforehand with 'ckptbench simulate-suite' and pass SIMULATED="
 fi
 
 step "report"
-timeout 120 "$PY" -m ckptbench report "$RUN" -o "$OUTDIR/report.html" \
+timeout 60 "$PY" -m ckptbench report "$RUN" -o "$OUTDIR/report.html" \
     || echo "warning: the report could not be rendered; records are intact"
 
 step "pack worker logs"
