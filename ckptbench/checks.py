@@ -8,6 +8,8 @@ run itself.  Pure: no torch import, runs in the sweep's parent process.
 
 from __future__ import annotations
 
+import math
+
 from .comm_estimate import comm_estimate
 from .estimate import Check, check, estimate_case, param_count
 from .spec import DTYPES, Case
@@ -56,6 +58,10 @@ def annotate_record(case: Case, record: dict) -> None:
         full = est_obj.to_dict()
         record["estimate"] = {k: full[k] for k in ESTIMATE_KEYS if k in full}
         checks = check(case, m, est_obj)
+    losses = m.get("losses")
+    if losses is not None:  # a step that produced NaN/inf measured nothing worth comparing
+        bad = sum(1 for x in losses if x is None or not math.isfinite(x))
+        checks.append(_exact("nonfinite_losses", bad, 0))
     record["checks"] = [c.to_dict() for c in checks]
     verdicts = {c.verdict for c in checks}
     record["verdict"] = "fail" if "fail" in verdicts else ("pass" if "pass" in verdicts else "skip")

@@ -1,0 +1,38 @@
+"""The verdicts a record gets: estimate checks per quantity, and a training step that produced NaN."""
+
+from __future__ import annotations
+
+from ckptbench.checks import annotate_record
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.worker import measure
+
+
+def _record(case: Case, measurement: dict, status: str = "ok") -> dict:
+    return {"status": status, "measurement": measurement}
+
+
+def test_a_real_tiny_point_passes_every_check():
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1), batch_size=2, seq_len=32, every_n_layers=2)
+    record = _record(case, measure(case))
+    annotate_record(case, record)
+    assert record["verdict"] == "pass"
+    by = {c["quantity"]: c for c in record["checks"]}
+    assert by["checkpointed_input_bytes"]["measured"] == 2 * 2 * 32 * 64 * 4
+    assert by["nonfinite_losses"]["measured"] == 0
+
+
+def test_non_finite_losses_fail_the_record():
+    # seq_len 1 leaves a causal LM nothing to predict: the loss is NaN (suites refuse it; measure() does not)
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1), batch_size=2, seq_len=1)
+    record = _record(case, measure(case))
+    annotate_record(case, record)
+    assert record["verdict"] == "fail"
+    failed = {c["quantity"]: c["measured"] for c in record["checks"] if c["verdict"] == "fail"}
+    assert failed.get("nonfinite_losses") == 2  # the warm-up step and the timed step
+
+
+def test_failed_points_are_not_checked():
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    record = _record(case, {}, status="crash")
+    annotate_record(case, record)
+    assert record["verdict"] == "skip" and "checks" not in record
