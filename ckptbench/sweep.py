@@ -73,7 +73,9 @@ class IsolatedRunner:
 
     def __init__(self) -> None:
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["ckptbench.worker"])
+        # worker: torch, transformers and our probes; preload: what transformers imports lazily on the
+        # first model build (about a third of a second per worker otherwise)
+        self.ctx.set_forkserver_preload(["ckptbench.worker", "ckptbench.preload"])
         self.current = None
 
     def run(self, case: Case, work_dir: str, timeout_s: float, fault: Fault | None) -> dict:
