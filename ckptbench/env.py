@@ -39,7 +39,9 @@ def git_commit(cwd: str | None = None) -> str | None:
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+    # "-dirty" means the code that ran differs from the commit: results and reports do not count
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/ckptbench", ":/suites",
+                            ":/scripts", ":/pyproject.toml", ":/constraints.txt"], cwd=cwd,
                            capture_output=True, text=True, timeout=5).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
