@@ -14,20 +14,12 @@ import os
 import signal
 import sys
 
+from .files import write_json_atomic
 from .spec import Case
 
 
 def result_path(out_dir: str, case: Case, sync_impl: str) -> str:
     return os.path.join(out_dir, f"{case.id}-{sync_impl}.json")
-
-
-def write_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
@@ -103,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             import accelerate
             import transformers
 
-            write_atomic(result_path(args.out, case, args.sync_impl), {
+            write_json_atomic(result_path(args.out, case, args.sync_impl), {
                 "schema": 1,
                 "case_id": case.id,
                 "case": case.to_dict(),

@@ -15,7 +15,10 @@ import subprocess
 import sys
 import time
 
+from .files import tail
 from .spec import Case
+
+STDERR_TAIL_CHARS = 4000
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
@@ -25,16 +28,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _tail(path: str, n: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def descendants(pid: int) -> list[int]:
@@ -139,11 +132,13 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
             with open(path) as f:
                 measurement = json.load(f)
         if measurement is not None:
-            results.append({"status": "ok", "reason": reason, "stderr_tail": _tail(stderr_path) if reason else "",
+            results.append({"status": "ok", "reason": reason,
+                            "stderr_tail": tail(stderr_path, STDERR_TAIL_CHARS) if reason else "",
                             "wall_s": wall_s, "measurement": measurement})
         else:
             results.append({"status": status if status != "ok" else "crash",
-                            "reason": reason or "no result file written", "stderr_tail": _tail(stderr_path),
+                            "reason": reason or "no result file written",
+                            "stderr_tail": tail(stderr_path, STDERR_TAIL_CHARS),
                             "wall_s": wall_s, "measurement": {}})
     return results
 

@@ -71,6 +71,13 @@ class NvmlDevice:
         except Exception:  # NVMLError_NotSupported on older devices
             return None
 
+    def driver_version(self) -> str | None:
+        try:
+            version = self._nvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        except Exception:
+            return None
+
     def close(self) -> None:
         _shutdown(self._nvml)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .env import host_environment
 from .errors import UsageError
 from .faults import Fault
+from .files import tail, write_text_atomic
 from .results import RecordStore
 from .spec import Case, Suite
 
@@ -57,17 +58,6 @@ def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
     return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
 
 
-def _tail(path: str, chars: int = STDERR_TAIL_CHARS) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - chars))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 class IsolatedRunner:
     """Runs one single-process Case in a worker forked from a preloaded fork server."""
 
@@ -97,7 +87,7 @@ class IsolatedRunner:
             proc.join()
             self.current = None
             return {"status": "timeout", "reason": f"no result after {timeout_s:g} s; worker killed",
-                    "stderr_tail": _tail(log_path)}
+                    "stderr_tail": tail(log_path, STDERR_TAIL_CHARS)}
         self.current = None
         wall = time.time() - t_submit
         if os.path.exists(result_path):
@@ -112,7 +102,7 @@ class IsolatedRunner:
         else:
             result = {"status": "crash", "reason": f"worker exited with code {proc.exitcode} and no result"}
         if result["status"] != "ok":
-            result["stderr_tail"] = _tail(log_path)
+            result["stderr_tail"] = tail(log_path, STDERR_TAIL_CHARS)
         result["wall_s"] = wall
         return result
 
@@ -159,10 +149,7 @@ def _keep_suite_text(suite: Suite, run_dir: str, recorded_ids: set[str]) -> None
             raise UsageError(f"{run_dir} holds {len(foreign)} points of another suite (its suite.toml differs "
                              f"from {suite.path}); write to another --out")
     if suite.text:
-        tmp = f"{path}.tmp{os.getpid()}"  # per process: shards started together must not share it
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(suite.text)
-        os.replace(tmp, path)
+        write_text_atomic(path, suite.text)
 
 
 def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None) -> dict:

@@ -9,7 +9,6 @@ one result file, atomically, whatever happens short of the process being killed.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import traceback
@@ -18,14 +17,14 @@ from contextlib import contextmanager
 import torch
 
 from .faults import Fault
+from .files import write_json_atomic
 from .flops import figures as flop_figures
 from .memory import StorageSerials, probe_for, step_probe_for
 from .models import build_model, decoder_layers, enable_checkpointing, synthetic_batch
+from .nvml import NvmlDevice
 from .saved import LayerProbe, SavedTensorCounter
 from .spec import Case
 from .timing import StepStats, timer_for
-
-PIN_ERROR_HINT = "pin_memory=True requires"
 
 
 def pinned_memory_error() -> str | None:
@@ -173,7 +172,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     return {
         **mem,
         **steps.result(),
-        **flop_figures(case, stats.median_s, device_environment(device.type).get("device_name")),
+        **flop_figures(case, stats.median_s, _device_name(device)),
         "checkpointing_api": checkpointing_api,
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
@@ -195,20 +194,20 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     }
 
 
+def _device_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
 def device_environment(device_type: str) -> dict:
     """What only the worker can see cheaply: torch's view of the device."""
     env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda}
     if device_type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         env.update(device_name=props.name, device_memory_bytes=props.total_memory)
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            pynvml.nvmlShutdown()
-        except Exception:
-            env["driver"] = None
+        nvml = NvmlDevice.open(0)
+        env["driver"] = nvml.driver_version() if nvml else None
+        if nvml:
+            nvml.close()
     return env
 
 
@@ -224,15 +223,6 @@ def inject(fault: Fault) -> None:
             time.sleep(3600)
     if fault.kind == "exit":
         os._exit(3)
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def is_oom_error(exc: BaseException) -> bool:

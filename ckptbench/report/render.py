@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 
+from ..files import write_text_atomic
 from ..results import load_records, to_frame
 from . import figures, tables
 from .columns import has, strategies, tidy
@@ -178,10 +179,7 @@ def render_report(run_dir: str, out_path: str, baseline_dir: str | None = None) 
         html = render_fallback(ctx, exc)
     out_dir = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(out_dir, exist_ok=True)
-    tmp = f"{out_path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(html)
-    os.replace(tmp, out_path)
+    write_text_atomic(out_path, html)
     return out_path
 
 

@@ -1,0 +1,38 @@
+"""Small file operations every part of a run relies on: whole-file atomic writes and log tails.
+
+Torch-free, so the sweep's parent, the torchrun launcher and the workers all use the same two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write, flush, fsync a temporary file beside `path`, then rename it over `path`.
+
+    A reader sees the old file or the whole new one, never a torn one; the temporary name carries the
+    pid, so two processes writing the same file (shards started together) never share it.
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+def tail(path: str, chars: int) -> str:
+    """The last `chars` bytes of a log as text ("" when it cannot be read): a failure's stderr tail."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - chars))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
