@@ -11,20 +11,12 @@ from __future__ import annotations
 import math
 
 from .comm_estimate import comm_estimate
-from .estimate import Check, check, estimate_case, param_count
+from .estimate import Check, check, estimate_case, judge, param_count
 from .spec import DTYPES, Case
 
 ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_forward_bytes",
                  "activations_after_forward_bytes", "peak_bytes", "saved_bytes", "checkpointed_input_bytes",
                  "offloaded_bytes", "host_bytes", "peak_phase", "peak_breakdown", "recomputed_layers")
-
-
-def _exact(quantity: str, measured, estimated) -> Check:
-    if measured is None:
-        return Check(quantity, None, estimated, None, 0.0, "skip", None)
-    ok = measured == estimated
-    ratio = measured / estimated if estimated else (1.0 if measured == 0 else None)
-    return Check(quantity, measured, estimated, ratio, 0.0, "pass" if ok else "fail", measured - estimated)
 
 
 def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
@@ -35,12 +27,12 @@ def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
                         case.local_sgd_steps, case.world_size, grad_accum=case.grad_accum,
                         n_param_tensors=n_params.n_tensors, sync_impl=case.sync_impl)
     checks = [
-        _exact("comm_payload_bytes", m.get("comm_payload_bytes"), est["allreduce_payload_bytes"]),
-        _exact("syncs", m.get("syncs"), est["syncs"]),
-        _exact("params_bytes", m.get("params_bytes"), param_bytes),
+        judge("comm_payload_bytes", m.get("comm_payload_bytes"), est["allreduce_payload_bytes"]),
+        judge("syncs", m.get("syncs"), est["syncs"]),
+        judge("params_bytes", m.get("params_bytes"), param_bytes),
     ]
     if case.local_sgd_steps > 0:  # DDP's bucket count depends on bucket_cap_mb, not a formula
-        checks.append(_exact("allreduce_count", m.get("allreduce_count"), est["allreduce_count"]))
+        checks.append(judge("allreduce_count", m.get("allreduce_count"), est["allreduce_count"]))
     return est, checks
 
 
@@ -61,7 +53,7 @@ def annotate_record(case: Case, record: dict) -> None:
     losses = m.get("losses")
     if losses is not None:  # a step that produced NaN/inf measured nothing worth comparing
         bad = sum(1 for x in losses if x is None or not math.isfinite(x))
-        checks.append(_exact("nonfinite_losses", bad, 0))
+        checks.append(judge("nonfinite_losses", bad, 0))
     record["checks"] = [c.to_dict() for c in checks]
     verdicts = {c.verdict for c in checks}
     record["verdict"] = "fail" if "fail" in verdicts else ("pass" if "pass" in verdicts else "skip")

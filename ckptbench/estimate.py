@@ -432,7 +432,8 @@ class Check:
         return asdict(self)
 
 
-def _compare(quantity: str, measured, estimated, tol: float) -> Check:
+def judge(quantity: str, measured, estimated, tol: float = 0.0) -> Check:
+    """One quantity's verdict: |measured/estimated - 1| <= tol, or equality when tol is 0; missing -> skip."""
     if measured is None:
         return Check(quantity, None, estimated, None, tol, "skip", None)
     diff = measured - estimated
@@ -471,17 +472,17 @@ def check(case: Case, measurement: dict, est: Estimate | None = None,
     tol = tolerances or Tolerances.for_device(case.device)
     m = measurement
     out = [
-        _compare("params_bytes", m.get("params_bytes"), est.params_bytes, tol.params),
-        _compare("optimizer_bytes", m.get("optimizer_bytes"), est.optimizer_bytes, tol.optimizer),
-        _compare("mem_after_forward_bytes", m.get("mem_after_forward_bytes"), est.mem_after_forward_bytes,
+        judge("params_bytes", m.get("params_bytes"), est.params_bytes, tol.params),
+        judge("optimizer_bytes", m.get("optimizer_bytes"), est.optimizer_bytes, tol.optimizer),
+        judge("mem_after_forward_bytes", m.get("mem_after_forward_bytes"), est.mem_after_forward_bytes,
                  tol.mem_after_forward),
-        _compare("activations_after_forward_bytes", m.get("activations_after_forward_bytes"),
+        judge("activations_after_forward_bytes", m.get("activations_after_forward_bytes"),
                  est.activations_after_forward_bytes, tol.activations_after_forward),
-        _compare("peak_bytes", m.get("peak_bytes"), est.peak_bytes, tol.peak),
-        _compare("saved_bytes", m.get("saved_bytes"), est.saved_bytes, tol.saved),
-        _compare("checkpointed_input_bytes", m.get("checkpointed_input_bytes"), est.checkpointed_input_bytes,
+        judge("peak_bytes", m.get("peak_bytes"), est.peak_bytes, tol.peak),
+        judge("saved_bytes", m.get("saved_bytes"), est.saved_bytes, tol.saved),
+        judge("checkpointed_input_bytes", m.get("checkpointed_input_bytes"), est.checkpointed_input_bytes,
                  tol.checkpointed_input),
-        _compare("offloaded_bytes", m.get("offloaded_bytes"), est.offloaded_bytes, tol.offloaded),
+        judge("offloaded_bytes", m.get("offloaded_bytes"), est.offloaded_bytes, tol.offloaded),
     ]
     breakdown = m.get("peak_breakdown") or {}
     for part in ("params", "grads", "optimizer", "activations"):

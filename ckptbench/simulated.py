@@ -6,8 +6,6 @@ per Case to ``OUT/simulated.jsonl``, keyed by ``case_id``.  Case ids hash every 
 a laptop from ``suites/gpu-small.toml`` matches the records a GPU run of the same suite writes, and the
 report joins the two with :func:`load_simulated`.  Simulation needs no GPU: run it where device time is
 not counted and carry the file.
-
-When this version has no ``ckptbench.simulate``, the command says so and writes nothing.
 """
 
 from __future__ import annotations
@@ -20,15 +18,6 @@ from collections.abc import Callable
 from .spec import Case, Suite
 
 SIMULATED = "simulated.jsonl"
-
-
-def simulator() -> Callable | None:
-    """``ckptbench.simulate.simulate`` when that module is present, else None."""
-    try:
-        from .simulate import simulate
-    except ImportError:
-        return None
-    return simulate
 
 
 def simulate_case(case: Case, simulate: Callable) -> dict:
@@ -60,12 +49,12 @@ def _append(path: str, line: dict) -> None:
 
 
 def simulate_suite(suite: Suite, out_dir: str, simulate: Callable | None = None,
-                   on_line: Callable[[dict, int, int], None] | None = None) -> str | None:
-    """Append a prediction for each Case not yet in ``out_dir/simulated.jsonl``; the file's path, or None
-    when no simulator is available."""
-    simulate = simulate or simulator()
+                   on_line: Callable[[dict, int, int], None] | None = None) -> str:
+    """Append a prediction for each Case not yet in ``out_dir/simulated.jsonl``; returns the file's path.
+
+    `simulate` defaults to :func:`ckptbench.simulate.simulate` (imported here: it needs torch)."""
     if simulate is None:
-        return None
+        from .simulate import simulate
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, SIMULATED)
     done = {k for k, v in load_simulated(out_dir).items() if v.get("status") == "ok"}

@@ -1,12 +1,10 @@
-"""simulate-suite: one prediction line per Case keyed by case_id, a loader, and a no-op without a simulator."""
+"""simulate-suite: one prediction line per Case keyed by case_id, and its loader."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 from ckptbench import simulated
-from ckptbench.cli import main
 from ckptbench.suite import parse_suite
 
 SUITE = """
@@ -58,12 +56,3 @@ def test_loader_without_file_and_with_a_torn_line(tmp_path):
     assert simulated.load_simulated(str(tmp_path)) == {}
     (tmp_path / "simulated.jsonl").write_text('{"case_id": "a", "status": "ok"}\n{"case_id": "b", "sta')
     assert list(simulated.load_simulated(str(tmp_path))) == ["a"]
-
-
-def test_no_simulator_is_a_no_op(tmp_path, monkeypatch, capsys, write_suite):
-    monkeypatch.setitem(sys.modules, "ckptbench.simulate", None)
-    assert simulated.simulator() is None
-    assert simulated.simulate_suite(parse_suite(SUITE), str(tmp_path)) is None
-    assert main(["simulate-suite", write_suite(SUITE), str(tmp_path / "out")]) == 0
-    assert "no ckptbench.simulate" in capsys.readouterr().err
-    assert not (tmp_path / "out" / "simulated.jsonl").exists()
