@@ -79,6 +79,22 @@ def preset(name: str, **overrides) -> ModelSpec:
     return ModelSpec(**values)
 
 
+def checkpointing_name(every_n_layers: int, offload: bool) -> str:
+    """Short name of a checkpointing setting: none, full, every-2, full+offload ..."""
+    name = "none" if every_n_layers == 0 else "full" if every_n_layers == 1 else f"every-{every_n_layers}"
+    return name + ("+offload" if offload else "")
+
+
+def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
+    """What ``every_n_layers`` means in transformers: layer i is checkpointed when i % n == 0; 0 is off.
+
+    The one statement of that rule here: the estimate, the FLOP count and a Case all ask this function.
+    """
+    if every_n_layers <= 0:
+        return []
+    return [i for i in range(layers) if i % every_n_layers == 0]
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """Fixed training settings of a suite: identical for every point so points are comparable."""
@@ -115,14 +131,8 @@ class Case:
 
     @property
     def strategy(self) -> str:
-        """Short human name of the checkpointing setting: none, full, every-2, full+offload ..."""
-        if self.every_n_layers == 0:
-            name = "none"
-        elif self.every_n_layers == 1:
-            name = "full"
-        else:
-            name = f"every-{self.every_n_layers}"
-        name += "+offload" if self.offload else ""
+        """Short human name of the setting: none, full, every-2, full+offload, none+ddp2, full+K4 ..."""
+        name = checkpointing_name(self.every_n_layers, self.offload)
         if self.world_size > 1:
             name += f"+ddp{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
             name += "-avg" if self.local_sgd_steps and self.sync_impl == "torch-averager" else ""
@@ -130,10 +140,8 @@ class Case:
 
     @property
     def checkpointed_layers(self) -> list[int]:
-        """Indices transformers checkpoints: layer i when i % every_n_layers == 0."""
-        if self.every_n_layers == 0:
-            return []
-        return [i for i in range(self.model.layers) if i % self.every_n_layers == 0]
+        """The layers this point's setting asks transformers to checkpoint (:func:`checkpointed_layers`)."""
+        return checkpointed_layers(self.model.layers, self.every_n_layers)
 
     @property
     def tokens_per_step(self) -> int:

@@ -1,1 +1,1 @@
-"""The HTML report: one self-contained file per run, rendered from the records alone."""
+"""Rendering what was measured: the self-contained HTML report, comparison tables, the GPU summary."""

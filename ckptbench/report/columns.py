@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-# short name -> (dotted column of results.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
+from ..spec import checkpointing_name
+
+# short name -> (dotted column of store.records.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
 COLUMNS: dict[str, tuple[str, str]] = {
     "case_id": ("case_id", "str"),
     "suite": ("suite", "str"),
@@ -113,9 +115,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
 def _strategy_name(every_n, offload) -> str:
     if _missing(every_n):
         return "?"
-    n = int(every_n)
-    name = "none" if n == 0 else "full" if n == 1 else f"every-{n}"
-    return name + ("+offload" if offload else "")
+    return checkpointing_name(int(every_n), bool(offload))
 
 
 def _variant(row) -> str:

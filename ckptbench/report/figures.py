@@ -37,10 +37,21 @@ class Figure:
 
 
 def _encode(fig) -> str:
+    """Lay the figure out, close it, and return it as an inline SVG data URI (no file, no network)."""
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _bar_pairs(ax, left, right, left_label: str, right_label: str) -> range:
+    """Two bars per x position (left and right of the tick); a right series of all-NaN is not drawn."""
+    x = range(len(left))
+    ax.bar([i - 0.2 for i in x], list(left), 0.4, label=left_label)
+    if any(not math.isnan(v) for v in right):
+        ax.bar([i + 0.2 for i in x], list(right), 0.4, label=right_label)
+    return x
 
 
 def _colors(names: list[str]) -> dict[str, tuple]:
@@ -112,7 +123,6 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
                     ax.set_xlabel("sequence length" if axis == "seq" else "batch size")
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     title = "Memory vs sequence length" if axis == "seq" else "Memory vs batch size"
     dashed = " Dashed: analytic estimate." if ok["est_peak"].notna().any() else ""
@@ -135,10 +145,9 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
             ax = axes[0][j]
             sub = ok[(ok["batch"] == b) & (ok["seq"] == s)].set_index("series")
             present = [n for n in names if n in sub.index]
-            x = range(len(present))
             rows = [sub.loc[[n]].iloc[0] for n in present]
-            ax.bar([i - 0.2 for i in x], [r["after_fwd"] / MIB for r in rows], 0.4, label="after forward")
-            ax.bar([i + 0.2 for i in x], [r["peak"] / MIB for r in rows], 0.4, label="peak")
+            x = _bar_pairs(ax, [r["after_fwd"] / MIB for r in rows], [r["peak"] / MIB for r in rows],
+                           "after forward", "peak")
             for est, dx in (("est_after_fwd", -0.2), ("est_peak", 0.2)):
                 ys = [(i + dx, r[est] / MIB) for i, r in zip(x, rows) if not math.isnan(r[est])]
                 if ys:
@@ -148,7 +157,6 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
             ax.set_ylabel("MiB")
             ax.set_title(f"batch {b:.0f}, seq {s:.0f}")
         axes[0][0].legend(frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Memory by strategy", uri, "after-forward and peak memory per strategy",
                   "Measured after-forward and peak memory; black marks are the analytic estimate when present.")
@@ -170,7 +178,6 @@ def pareto(t: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("peak memory (MiB)")
         ax.set_ylabel("tokens/s")
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Tokens per second vs peak memory", uri, "tokens per second against peak memory with the "
                   "Pareto front", f"Circled points form the Pareto front: no other point has both lower peak "
@@ -219,7 +226,6 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
                     handles.append(h)
                     labels.append(lab)
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Step time vs peak memory, per batch and sequence length", uri,
                   "median step time against peak memory per workload, with the Pareto front",
@@ -262,7 +268,6 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
             axes[k // ncols][k % ncols].set_visible(False)
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Memory breakdown at peak", uri, "stacked bars of params, grads, optimizer, activations",
                   "Live bytes at the peak, split by what owns them.")
@@ -290,7 +295,6 @@ def estimate_vs_measured(rows: list[dict]) -> Figure | None:
         ax.set_xlabel("estimate (MiB)")
         ax.set_ylabel("measured (MiB)")
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Measured vs estimate", uri, "measured against estimated bytes per checked quantity")
 
@@ -305,17 +309,13 @@ def comm_vs_k(t: pd.DataFrame) -> Figure | None:
         return None
     per_k = dist.groupby("K")[["comm_payload", "comm_bus"]].median().sort_index()
     labels = [_k_label(k) for k in per_k.index]
-    x = range(len(labels))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.5, 4.0))
-        ax.bar([i - 0.2 for i in x], per_k["comm_payload"] / MIB, 0.4, label="payload")
-        if per_k["comm_bus"].notna().any():
-            ax.bar([i + 0.2 for i in x], per_k["comm_bus"] / MIB, 0.4, label="bus (×2(n−1)/n)")
+        x = _bar_pairs(ax, per_k["comm_payload"] / MIB, per_k["comm_bus"] / MIB, "payload", "bus (×2(n−1)/n)")
         ax.set_xticks(list(x), labels)
         ax.set_xlabel("synchronisation every K steps (DDP = every step)")
         ax.set_ylabel("MiB per step")
         ax.legend(frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Communication per step vs K", uri, "all-reduce bytes per step for each K",
                   "Median over points with the same K.")
@@ -343,7 +343,6 @@ def loss_vs_step(t: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.legend(frameon=False)
-        fig.tight_layout()
         uri = _encode(fig)
     return Figure("Loss vs step per K", uri, "training loss per step for each K",
                   "Line: rank 0; shaded: min–max over ranks when per-rank losses were recorded.")

@@ -1,6 +1,6 @@
 """Render one results directory into one self-contained HTML file.
 
-The report is built from the records alone (``results.load_records`` → ``results.to_frame`` → the tidy
+The report is built from the records alone (``store.records.load_records`` → ``to_frame`` → the tidy
 frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
 time from ``results/<run>/``.  A report is what people read when something went wrong, so rendering never
 fails on bad data: unreadable lines, an empty file or a section that cannot be drawn become visible notes
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ..files import write_text_atomic
-from ..results import load_records, to_frame
+from ..store.files import write_text_atomic
+from ..store.records import load_records, to_frame
 from . import figures, tables
 from .columns import has, strategies, tidy
 

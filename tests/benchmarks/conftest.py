@@ -22,7 +22,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     import torch
 
     from ckptbench.env import cpu_model, package_versions
-    from ckptbench.worker import device_environment
+    from ckptbench.run.worker import device_environment
 
     cuda = torch.cuda.is_available()
     device_env = device_environment("cuda" if cuda else "cpu")

@@ -19,9 +19,11 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from ckptbench.models import build_model, enable_checkpointing, synthetic_batch
+from ckptbench.run.worker import measure
 from ckptbench.spec import Case, TrainSpec, preset
-from ckptbench.worker import _train_step, measure, offload_without_pinning, pinned_memory_error
+from ckptbench.train.checkpointing import enable_checkpointing, offload_without_pinning, pinned_memory_error
+from ckptbench.train.models import build_model, synthetic_batch
+from ckptbench.train.step import train_step
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WARMUP_ROUNDS = 3
@@ -68,7 +70,7 @@ def test_train_step(benchmark, case: Case, rounds: int):
         sync = torch.cuda.synchronize if case.device == "cuda" else (lambda: None)
 
         def step():
-            _train_step(model, optimizer, batch, case.grad_accum)
+            train_step(model, optimizer, batch, case.grad_accum)
             sync()
 
         benchmark.pedantic(step, rounds=rounds, warmup_rounds=WARMUP_ROUNDS, iterations=1)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.run.worker import measure
 from ckptbench.spec import Case, TrainSpec, preset
-from ckptbench.worker import measure
 
 pytestmark = pytest.mark.e2e
 

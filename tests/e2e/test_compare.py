@@ -15,10 +15,10 @@ import json
 import pytest
 
 from ckptbench.cli import main
-from ckptbench.faults import Fault
-from ckptbench.results import RecordStore, load_records
+from ckptbench.run.faults import Fault
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite import load_suite
-from ckptbench.sweep import SweepOptions, run_sweep
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ def _case(**kw) -> Case:
 
 
 def test_measure_on_cuda_uses_the_cuda_probes():
-    from ckptbench.worker import measure
+    from ckptbench.run.worker import measure
 
     m = measure(_case(every_n_layers=1))
     assert m["memory_probe"] == "cuda-allocator" and m["timer"] == "cuda-events"
@@ -44,7 +44,7 @@ def test_measure_on_cuda_uses_the_cuda_probes():
 
 
 def test_offload_on_cuda_is_pinned_and_moves_bytes_to_host():
-    from ckptbench.worker import measure
+    from ckptbench.run.worker import measure
 
     m = measure(_case(every_n_layers=1, offload=True))
     assert m["offload_pinned"] is True
@@ -54,10 +54,9 @@ def test_offload_on_cuda_is_pinned_and_moves_bytes_to_host():
 
 
 def test_bandwidth_and_calibration():
-    from ckptbench import bandwidth
-    from ckptbench.gpu_cmd import calibrate
+    from ckptbench.measure.calibrate import calibrate, copy_bandwidth
 
-    bw = bandwidth.measure(16 * 2**20, reps=2)
+    bw = copy_bandwidth(16 * 2**20, reps=2)
     assert bw["h2d_bytes_per_s"] > 1e8 and bw["d2h_bytes_per_s"] > 1e8
     cal = calibrate(size_mib=16, reps=2)
     assert cal["available"] and cal["matmul_flops_per_s"] > 1e12

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from ckptbench.comm_estimate import comm_estimate
-from ckptbench.launch import run_distributed_cases
+from ckptbench.run.launch import run_distributed_cases
 from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory.comm import comm_estimate
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ def averager_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def param_bytes():
-    from ckptbench.models import build_model
+    from ckptbench.train.models import build_model
 
     model = build_model(preset("llama-tiny"))
     params = list(model.parameters())
@@ -149,7 +149,7 @@ def test_timeout_kills_the_whole_group(tmp_path):
 
 @pytest.mark.parametrize("name", ["k0", "k0-accum2", "k4-accum2"])
 def test_record_figures_are_per_optimizer_step(accelerate_runs, name):
-    from ckptbench.launch import flatten_measurement
+    from ckptbench.run.launch import flatten_measurement
 
     c = ACCELERATE_CASES[name]
     m = flatten_measurement(c, accelerate_runs[name])

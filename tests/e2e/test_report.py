@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ckptbench.checks import annotate_record
-from ckptbench.faults import Fault
 from ckptbench.report.render import SECTIONS, render_report
-from ckptbench.results import RECORDS, load_records
+from ckptbench.run.faults import Fault
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.store.records import RECORDS, load_records
 from ckptbench.suite import load_suite, parse_suite
-from ckptbench.sweep import SweepOptions, run_sweep
+from ckptbench.theory.checks import annotate_record
 
 from .report_html import Page, decoded_svgs, svg_resources
 

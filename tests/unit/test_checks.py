@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ckptbench.checks import annotate_record
+from ckptbench.run.worker import measure
 from ckptbench.spec import Case, TrainSpec, preset
-from ckptbench.worker import measure
+from ckptbench.theory.checks import annotate_record
 
 
 def _record(case: Case, measurement: dict, status: str = "ok") -> dict:

@@ -16,7 +16,9 @@ import textwrap
 import pytest
 
 from ckptbench.cli import main
-from ckptbench.compare import (
+from ckptbench.errors import UsageError
+from ckptbench.report.compare import summary_lines
+from ckptbench.store.compare import (
     BENCHMARK,
     SWEEP,
     Thresholds,
@@ -25,9 +27,7 @@ from ckptbench.compare import (
     load_side,
     parse_percent,
 )
-from ckptbench.compare_render import summary_lines
-from ckptbench.errors import UsageError
-from ckptbench.results import RecordStore
+from ckptbench.store.records import RecordStore
 
 MIB = 2**20
 

@@ -6,15 +6,9 @@ import sys
 
 import torch
 
-from ckptbench.memory import (
-    CpuMemoryProbe,
-    CudaMemoryProbe,
-    CudaStepProbe,
-    NullStepProbe,
-    probe_for,
-    step_probe_for,
-)
-from ckptbench.timing import CpuTimer, CudaTimer, timer_for
+from ckptbench.measure.memory import CpuMemoryProbe, CudaMemoryProbe, probe_for
+from ckptbench.measure.steps import CudaStepProbe, NullStepProbe, step_probe_for
+from ckptbench.measure.timing import CpuTimer, CudaTimer, timer_for
 
 
 def _model():

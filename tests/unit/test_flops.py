@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench import flops
 from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory import flops
 
 TINY = preset("llama-tiny")  # hidden 64, 4 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 128, vocab 256
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.gpu_summary import check_rows, format_summary, point_rows, summarise
+from ckptbench.report.gpu_summary import check_rows, format_summary, point_rows, summarise
 
 
 def _record(cid, every_n, offload, t, batch=4, status="ok", **measurement):

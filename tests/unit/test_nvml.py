@@ -7,8 +7,9 @@ import types
 
 import torch
 
-from ckptbench import nvml
-from ckptbench.memory import CudaStepProbe, nvml_used_bytes
+from ckptbench.measure import nvml
+from ckptbench.measure.nvml import nvml_used_bytes
+from ckptbench.measure.steps import CudaStepProbe
 
 
 def test_package_really_absent(monkeypatch):

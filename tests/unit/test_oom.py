@@ -7,7 +7,7 @@ import multiprocessing
 
 import torch
 
-from ckptbench import worker
+from ckptbench.run import worker
 from ckptbench.spec import Case, TrainSpec, preset
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 
 from ckptbench.report import columns, tables
 from ckptbench.report.render import SECTIONS, build_context, render_report
-from ckptbench.results import SCHEMA_VERSION, to_frame
 from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.store.records import SCHEMA_VERSION, to_frame
 
 HEADINGS = dict(SECTIONS)
 MIB = 2**20

@@ -6,7 +6,7 @@ import json
 import multiprocessing
 import os
 
-from ckptbench.results import RecordStore, load_records, to_frame
+from ckptbench.store.records import RecordStore, load_records, to_frame
 
 
 def _append_many(run_dir: str, worker: int, n: int) -> None:

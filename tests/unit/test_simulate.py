@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.estimate import check, estimate
-from ckptbench.simulate import simulate
 from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory.checks import check
+from ckptbench.theory.estimate import estimate
+from ckptbench.theory.simulate import simulate
 
 
 @pytest.mark.parametrize("name,dtype,attn", [("llama-tiny", "fp32", "eager"), ("qwen2-tiny", "bf16", "sdpa"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ckptbench import simulated
 from ckptbench.suite import parse_suite
+from ckptbench.theory import simulated
 
 SUITE = """
 [suite]

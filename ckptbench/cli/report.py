@@ -1,0 +1,79 @@
+"""``ckptbench report`` and ``ckptbench compare``: re-render a run, or judge one run against another."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import UsageError
+
+
+def render(run_dir: str, out_path: str, console, baseline: str | None = None) -> int:
+    from ..report.render import render_report
+
+    path = render_report(run_dir, out_path, baseline_dir=baseline)
+    console.print(f"report: {path}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rich.console import Console
+
+    if not os.path.exists(args.run):
+        raise UsageError(f"{args.run}: no such results directory")
+    out = args.output or os.path.join("reports", os.path.basename(os.path.normpath(args.run)) + ".html")
+    if args.baseline and not os.path.exists(args.baseline):
+        raise UsageError(f"{args.baseline}: no such baseline results directory")
+    if os.path.isdir(out):
+        raise UsageError(f"-o {out} is a directory; give the HTML file's path")
+    return render(args.run, out, Console(stderr=True), args.baseline)
+
+
+def _percent(text: str) -> float:
+    from ..store.compare import parse_percent
+
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_compare(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from ..report.compare import comparison_table, summary_lines
+    from ..store.compare import Thresholds, compare_paths
+
+    comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time))
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2, default=str))
+    else:
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        console.print(comparison_table(comparison, args.old, args.new))
+        for line in summary_lines(comparison):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 1 if comparison.failed else 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("report", help="render the HTML report of a results directory")
+    p.add_argument("run", help="results directory")
+    p.add_argument("-o", "--output", help="HTML file (default reports/<run>.html)")
+    p.add_argument("--baseline", metavar="OLD_RUN", help="show changes against an earlier results directory")
+    p.set_defaults(func=cmd_report)
+
+    from ..store.compare import HELP as compare_help
+
+    p = sub.add_parser("compare", help="what got better or worse between two runs (exit 1 on a regression)",
+                       description=compare_help, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old", help="baseline: results directory, records.jsonl or pytest-benchmark JSON")
+    p.add_argument("new", help="candidate, of the same kind as OLD")
+    p.add_argument("--fail-memory", type=_percent, default="2%", metavar="PCT",
+                   help="fail when peak / after-forward / saved-activation memory grows by more (default 2%%)")
+    p.add_argument("--fail-time", type=_percent, default="10%", metavar="PCT",
+                   help="fail when median step time grows or tokens/s drops by more (default 10%%)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    p.set_defaults(func=cmd_compare)

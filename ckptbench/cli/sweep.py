@@ -1,0 +1,165 @@
+"""``ckptbench sweep``: run a suite with a progress bar, then the summary tables (and the report)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+from ..suite import load_suite
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes i/n (e.g. 1/2), got {text!r}") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"--shard i/n needs 1 <= i <= n, got {text!r}")
+    return i, n
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _fmt_mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.2f}"
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False)
+
+
+def summary_table(records: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="ckptbench sweep", show_lines=False)
+    for col in ("strategy", "batch", "seq", "status", "after fwd MiB", "peak MiB", "ckpt inputs MiB",
+                "recomputed", "step ms", "tok/s", "setup s", "estimate"):
+        table.add_column(col, justify="right" if col not in ("strategy", "status") else "left")
+    for r in records:
+        m = r.get("measurement") or {}
+        c = r["case"]
+        median = m.get("step_time_median_s")
+        table.add_row(
+            r["strategy"], str(c["batch_size"]), str(c["seq_len"]), r["status"],
+            _fmt_mib(m.get("mem_after_forward_bytes")), _fmt_mib(m.get("peak_bytes")),
+            _fmt_mib(m.get("checkpointed_input_bytes")),
+            ",".join(map(str, m.get("recomputed_layers", []))) or "-",
+            f"{median * 1e3:.1f}" if median else "-",
+            f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
+            f"{m['setup_s']:.2f}" if m.get("setup_s") else "-",
+            r.get("verdict", "-"),
+        )
+    return table
+
+
+def comm_table(records: list[dict]):
+    """Multi-rank points: what local SGD saves in bytes and what it costs in loss."""
+    from rich.table import Table
+
+    table = Table(title="ckptbench sweep: data-parallel points (per rank, per optimizer step)")
+    for col in ("strategy", "world", "K", "status", "all-reduce KiB/step", "collectives/step", "syncs",
+                "sync ms", "step ms", "final loss", "estimate"):
+        table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
+    for r in records:
+        m = r.get("measurement") or {}
+        c = r["case"]
+
+        def num(key, fmt, scale=1.0, m=m):
+            return "-" if m.get(key) is None else format(m[key] * scale, fmt)
+
+        table.add_row(r["strategy"], str(c["world_size"]), str(c["local_sgd_steps"]), r["status"],
+                      num("comm_payload_bytes_per_step", ".1f", 1 / 1024), num("collectives_per_step", ".1f"),
+                      num("syncs", ".0f"), num("sync_time_s", ".1f", 1e3), num("step_time_median_s", ".1f", 1e3),
+                      num("final_loss", ".4f"), r.get("verdict", "-"))
+    return table
+
+
+def cmd_sweep(args) -> int:
+    from rich.console import Console
+
+    from ..run.sweep import Interrupted, SweepOptions, plan, run_sweep
+
+    suite = load_suite(args.suite)
+    out = args.out or os.path.join("results", f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    cases = plan(suite, args.shard)
+    if args.dry_run:
+        for c in cases:
+            print(f"{c.id}  {c.model.label}  {c.strategy:<16} batch={c.batch_size} seq={c.seq_len} "
+                  f"K={c.local_sgd_steps} accum={c.grad_accum} world={c.world_size} device={c.device}")
+        print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run")
+        return 0
+    options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
+                           max_minutes=args.max_minutes)
+    from ..theory.checks import annotate_record
+
+    with _progress() as progress:
+        task = progress.add_task(suite.name, total=len(cases), last="")
+
+        def on_record(record, k, total):
+            m = record.get("measurement") or {}
+            peak = _fmt_mib(m.get("peak_bytes"))
+            progress.update(task, completed=len(cases) - total + k,
+                            last=f"{record['strategy']} b={record['case']['batch_size']} "
+                                 f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
+
+        try:
+            result = run_sweep(suite, options, on_record=on_record, annotate=annotate_record)
+        except Interrupted as exc:
+            progress.stop()
+            console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
+                          f"  python -m ckptbench sweep --suite {args.suite} --out {out} --resume")
+            return 130
+        progress.update(task, completed=len(cases))
+    if result.skipped_ids:
+        console.print(f"resume: {len(result.skipped_ids)} cases already in {out} were skipped")
+    from ..store.records import load_records
+
+    loaded = load_records(out)
+    for problem in loaded.problems:
+        console.print(f"[yellow]warning:[/yellow] {problem}")
+    single = [r for r in result.records if r["case"]["world_size"] == 1]
+    multi = [r for r in result.records if r["case"]["world_size"] > 1]
+    if single or not multi:
+        console.print(summary_table(single))
+    if multi:
+        console.print(comm_table(multi))
+    console.print(f"records: {os.path.join(out, 'records.jsonl')}")
+    if args.csv:
+        from ..store.records import export_csv
+
+        console.print(f"csv: {export_csv(out)}")
+    if args.report:
+        from .report import render
+
+        return render(out, args.report, console)
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="run a suite: one isolated worker per point, records appended as they end")
+    p.add_argument("--suite", required=True, help="suite file (suites/*.toml)")
+    p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
+    p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
+    p.add_argument("--dry-run", action="store_true", help="list the Cases and exit without running")
+    p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
+    p.add_argument("--timeout", type=_positive_seconds, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--max-minutes", type=_positive_seconds, metavar="M",
+                   help="start no Case after M minutes; the rest are recorded as skipped (--resume runs them)")
+    p.add_argument("--csv", action="store_true", help="also write records.csv")
+    p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,198 @@
+"""Memory probes of the memory steps: exact live-tensor accounting on CPU, the allocator's counters on CUDA.
+
+Both probes share one shape (``start`` / ``mark_after_forward`` / ``stop`` / ``result``) and are chosen by
+device in :func:`probe_for`, so the step loop never branches on the device itself.  The CPU probe is the
+live-storage tracker of :mod:`.storage`; because it slows every operator it only runs on the dedicated
+memory steps, and the timed steps run without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .nvml import nvml_used_bytes
+from .storage import LiveStorageTracker, track_training_state
+
+
+@dataclass
+class MemoryResult:
+    """What one probe saw over the memory steps (bytes)."""
+
+    params_bytes: int = 0
+    optimizer_bytes: int = 0
+    mem_after_forward_bytes: int = 0
+    activations_after_forward_bytes: int = 0
+    peak_bytes: int = 0
+    peak_breakdown: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {
+            "params_bytes": self.params_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "mem_after_forward_bytes": self.mem_after_forward_bytes,
+            "activations_after_forward_bytes": self.activations_after_forward_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_breakdown": dict(self.peak_breakdown),
+        }
+        out.update(self.extra)
+        return out
+
+
+class CpuMemoryProbe:
+    """Exact live-tensor peak on CPU (see :class:`LiveStorageTracker`)."""
+
+    kind = "cpu-live-storages"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+        self.model = model
+        self.optimizer = optimizer
+        self.inputs = inputs
+        self.tracker = LiveStorageTracker()
+        self._hooks: list = []
+        self.after_forward: dict | None = None
+
+    def start(self) -> None:
+        tr = self.tracker
+        track_training_state(tr, self.model, self.optimizer)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                tr.track(p.grad, "grads")
+        for t in self.inputs:
+            tr.track(t, "activations")
+        self.params_bytes = tr.by_category["params"]
+        self.optimizer_bytes = tr.by_category["optimizer"]
+        for p in self.model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        tr.reset_peak()
+        tr.__enter__()
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.tracker.recategorize(p.grad, "grads")
+
+    def mark_after_forward(self) -> None:
+        tr = self.tracker
+        self.after_forward = {"total": tr.total, **tr.by_category}
+
+    def stop(self) -> None:
+        self.tracker.__exit__(None, None, None)
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def result(self) -> MemoryResult:
+        tr = self.tracker
+        af = self.after_forward or {"total": 0, "activations": 0}
+        return MemoryResult(
+            params_bytes=self.params_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            mem_after_forward_bytes=af["total"],
+            activations_after_forward_bytes=af["total"] - self.params_bytes - self.optimizer_bytes,
+            peak_bytes=tr.peak,
+            peak_breakdown=dict(tr.peak_breakdown),
+        )
+
+
+class CudaMemoryProbe:
+    """The caching allocator's own counters; NVML for what the whole device shows as used.
+
+    ``max_memory_allocated`` is what tensors needed; ``max_memory_reserved`` is what the allocator held
+    (fragmentation included); NVML adds the CUDA context and anything outside torch.
+    """
+
+    kind = "cuda-allocator"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+        self.model = model
+        self.optimizer = optimizer
+        self.device = next(model.parameters()).device
+        self.after_forward: int | None = None
+
+    def start(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.params_bytes = sum(p.untyped_storage().nbytes() for p in self.model.parameters())
+        self.optimizer_bytes = sum(
+            v.untyped_storage().nbytes()
+            for s in self.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
+        self.base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        _reset_host_peak()
+
+    def mark_after_forward(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.after_forward = torch.cuda.memory_allocated(self.device)
+
+    def stop(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device)
+        self.reserved = torch.cuda.max_memory_reserved(self.device)
+        self.host_pinned_peak = _host_pinned_peak()
+        self.grads_bytes = sum(
+            p.grad.untyped_storage().nbytes() for p in self.model.parameters() if p.grad is not None
+        )
+
+    def result(self) -> MemoryResult:
+        af = self.after_forward or 0
+        static = self.params_bytes + self.optimizer_bytes
+        return MemoryResult(
+            params_bytes=self.params_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            mem_after_forward_bytes=af,
+            activations_after_forward_bytes=af - static,
+            peak_bytes=self.peak,
+            # The allocator does not know what a block is for: grads are sized from the parameters,
+            # activations are the rest of the peak.
+            peak_breakdown={
+                "params": self.params_bytes,
+                "grads": self.grads_bytes,
+                "optimizer": self.optimizer_bytes,
+                "activations": self.peak - static - self.grads_bytes,
+            },
+            extra={
+                "cuda_max_allocated_bytes": self.peak,
+                "cuda_max_reserved_bytes": self.reserved,
+                "nvml_used_bytes": nvml_used_bytes(cuda_index(self.device)),
+                # offloaded activations live here, not in the device allocator (None: torch too old)
+                "cuda_host_pinned_peak_bytes": self.host_pinned_peak,
+            },
+        )
+
+
+def cuda_index(device: torch.device) -> int:
+    """torch's index of a CUDA device (the current one when the device names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _reset_host_peak() -> None:
+    reset = getattr(torch.cuda, "reset_peak_host_memory_stats", None)
+    if reset is not None:
+        try:
+            reset()
+        except RuntimeError:
+            pass
+
+
+def _host_pinned_peak() -> int | None:
+    """Peak bytes of pinned host blocks in use (torch's host allocator stats; None where torch lacks them)."""
+    stats_fn = getattr(torch.cuda, "host_memory_stats", None)
+    if stats_fn is None:
+        return None
+    try:
+        value = stats_fn().get("active_bytes.peak")
+    except RuntimeError:
+        return None
+    return None if value is None else int(value)
+
+
+
+def probe_for(device: torch.device, model, optimizer, inputs):
+    """The memory probe for a device: the only place that chooses between CPU and CUDA accounting."""
+    if device.type == "cuda":
+        return CudaMemoryProbe(model, optimizer, inputs)
+    return CpuMemoryProbe(model, optimizer, inputs)
+

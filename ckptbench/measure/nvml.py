@@ -1,0 +1,100 @@
+"""NVML, when it is there: device-level used memory and the energy counter, else "not available" (None).
+
+NVML sees what torch's allocator cannot (the CUDA context, other processes) and counts energy.  It is an
+extra: a missing ``pynvml`` package, a missing driver library (``NVMLError_LibraryNotFound``) or a query
+the device does not support must never fail a measurement, so every call here returns None instead of
+raising.
+
+NVML numbers devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; :func:`nvml_target` maps a
+CUDA index to what NVML needs.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def nvml_target(cuda_index: int, visible: str | None = None) -> int | str:
+    """NVML index (int) or UUID (str) of the device torch calls ``cuda:<cuda_index>``.
+
+    With ``CUDA_VISIBLE_DEVICES=2,3`` torch's cuda:0 is NVML's device 2; with UUIDs in the variable the
+    UUID itself is the handle key.  Without the variable the indices agree (assuming the default
+    ``CUDA_DEVICE_ORDER``, which on one-GPU machines cannot differ).
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible:
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if cuda_index < len(entries):
+            entry = entries[cuda_index]
+            return int(entry) if entry.isdigit() else entry
+    return cuda_index
+
+
+class NvmlDevice:
+    """One NVML handle for the life of a measurement; every query returns None rather than raise."""
+
+    def __init__(self, pynvml, handle) -> None:
+        self._nvml = pynvml
+        self._handle = handle
+
+    @classmethod
+    def open(cls, cuda_index: int = 0) -> NvmlDevice | None:
+        """The device's handle, or None when NVML cannot be used here (no package, no library, no device)."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
+            return None
+        try:
+            target = nvml_target(cuda_index)
+            if isinstance(target, str):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(target)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(target)
+        except Exception:
+            _shutdown(pynvml)
+            return None
+        return cls(pynvml, handle)
+
+    def used_bytes(self) -> int | None:
+        """Device memory in use by anyone (context and other processes included)."""
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except Exception:
+            return None
+
+    def energy_mj(self) -> int | None:
+        """Energy counter in millijoules since the driver was loaded (Volta and newer), else None."""
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:  # NVMLError_NotSupported on older devices
+            return None
+
+    def driver_version(self) -> str | None:
+        try:
+            version = self._nvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        _shutdown(self._nvml)
+
+
+def nvml_used_bytes(index: int) -> int | None:
+    """Device-level used memory from NVML, or None when NVML is absent or fails (never raises)."""
+    dev = NvmlDevice.open(index)
+    if dev is None:
+        return None
+    try:
+        return dev.used_bytes()
+    finally:
+        dev.close()
+
+
+def _shutdown(pynvml) -> None:
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:
+        pass

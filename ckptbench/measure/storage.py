@@ -1,0 +1,135 @@
+"""Exact live bytes on CPU: one entry per live storage, by category, with the peak and its breakdown.
+
+A ``TorchDispatchMode`` sees every tensor an operator returns, keeps one entry per live *storage* (views
+and in-place results share their base's storage, so nothing is counted twice) and drops it when the
+storage is freed (a ``weakref.finalize`` on the storage's Python object, which torch keeps alive exactly
+as long as the C++ storage).  The same tracker serves the CPU memory probe, the local-SGD forward meter
+and the FakeTensor simulation, so all three count bytes by one rule.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CATEGORIES = ("params", "grads", "optimizer", "activations")
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """Identity of the storage a tensor lives in (None for empty or meta tensors).
+
+    The storage object's C pointer, not ``data_ptr``: it is unique among live storages and exists for
+    fake tensors too (whose ``data_ptr`` is always 0), so the same tracker serves ``--simulate``.
+    """
+    if t.device.type == "meta" or t.is_sparse:
+        return None
+    st = t.untyped_storage()
+    if st.nbytes() == 0:
+        return None
+    return st._cdata
+
+
+class StorageSerials:
+    """A unique number per live allocation.
+
+    Addresses are reused as soon as memory is freed (the forward frees and reallocates all the time),
+    so an address alone would merge two different tensors.  A serial is handed out the first time an
+    address is seen and retired by a finalizer when that storage is freed, so the next allocation at
+    the same address gets a new serial.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[int, int] = {}
+        self._next = 0
+
+    def __call__(self, t: torch.Tensor) -> int | None:
+        key = storage_key(t)
+        if key is None:
+            return None
+        serial = self._live.get(key)
+        if serial is None:
+            serial = self._live[key] = self._next
+            self._next += 1
+            weakref.finalize(t.untyped_storage(), self._live.pop, key, None)
+        return serial
+
+
+
+class LiveStorageTracker(TorchDispatchMode):
+    """Exact live bytes per category, and the peak with its breakdown at the moment it was reached.
+
+    Tensors that existed before the mode was entered (parameters, optimizer state, the input batch) are
+    registered explicitly with :meth:`track`; everything an operator returns inside the mode is
+    registered as ``activations`` until :meth:`recategorize` moves it (a gradient, once accumulated).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, list] = {}  # storage key -> [nbytes, category]
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.peak = 0
+        self.peak_breakdown = dict(self.by_category)
+
+    # -- registration -------------------------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, category: str) -> None:
+        key = storage_key(tensor)
+        if key is None:
+            return
+        entry = self._live.get(key)
+        if entry is not None:
+            self._move(entry, category)
+            return
+        st = tensor.untyped_storage()
+        nbytes = st.nbytes()
+        self._live[key] = [nbytes, category]
+        weakref.finalize(st, self._free, key)
+        self.by_category[category] += nbytes
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_breakdown = dict(self.by_category)
+
+    def recategorize(self, tensor: torch.Tensor, category: str) -> None:
+        self.track(tensor, category)
+
+    def _move(self, entry: list, category: str) -> None:
+        if entry[1] != category:
+            self.by_category[entry[1]] -= entry[0]
+            self.by_category[category] += entry[0]
+            entry[1] = category
+
+    def _free(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.by_category[entry[1]] -= entry[0]
+            self.total -= entry[0]
+
+    def reset_peak(self) -> None:
+        self.peak = self.total
+        self.peak_breakdown = dict(self.by_category)
+
+    # -- dispatch -----------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and storage_key(t) not in self._live:
+                self.track(t, "activations")
+        return out
+
+
+
+def track_training_state(tracker: LiveStorageTracker, model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Register what exists before a step: parameters and buffers as ``params``, optimizer state as
+    ``optimizer`` (views of weights made inside the step then stay parameters, not activations)."""
+    for t in (*model.parameters(), *model.buffers()):
+        tracker.track(t, "params")
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    tracker.track(v, "optimizer")

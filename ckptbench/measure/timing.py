@@ -1,0 +1,86 @@
+"""Step timers and their statistics.
+
+CPU steps are timed with ``perf_counter``.  CUDA steps are timed with events recorded on the stream and
+read after one synchronise at the end of the measured window, so the timer itself adds no host stalls.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values by the nearest-rank method: with few steps, p90 is the slowest of
+    the fastest 90%, always a value that was observed."""
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Summary of per-step times in seconds; cv is the coefficient of variation (stdev / mean)."""
+
+    times_s: tuple[float, ...]
+    median_s: float
+    p90_s: float
+    mean_s: float
+    cv: float
+
+    @classmethod
+    def of(cls, times: list[float]) -> StepStats:
+        if not times:
+            nan = float("nan")
+            return cls((), nan, nan, nan, nan)
+        ordered = sorted(times)
+        mean = statistics.fmean(ordered)
+        stdev = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
+        return cls(tuple(times), statistics.median(ordered), nearest_rank(ordered, 0.9), mean,
+                   stdev / mean if mean > 0 else 0.0)
+
+
+class CpuTimer:
+    kind = "perf_counter"
+
+    def __init__(self) -> None:
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+
+    def start(self) -> None:
+        self._starts.append(time.perf_counter())
+
+    def stop(self) -> None:
+        self._ends.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        return [e - s for s, e in zip(self._starts, self._ends)]
+
+
+class CudaTimer:
+    kind = "cuda-events"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._pairs: list = []
+
+    def start(self) -> None:
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self._pairs.append([ev, None])
+
+    def stop(self) -> None:
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self._pairs[-1][1] = ev
+
+    def times(self) -> list[float]:
+        self._torch.cuda.synchronize()
+        return [s.elapsed_time(e) / 1000.0 for s, e in self._pairs]
+
+
+def timer_for(device_type: str):
+    """The step timer for a device: the only place that chooses between CPU and CUDA timing."""
+    return CudaTimer() if device_type == "cuda" else CpuTimer()

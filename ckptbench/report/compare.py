@@ -1,0 +1,95 @@
+"""Drawing a :class:`~ckptbench.store.compare.Comparison` for a terminal.
+
+Kept apart from :mod:`ckptbench.store.compare` so the judging logic stays importable and testable without rich, and so
+the HTML report can reuse the Comparison without this view.  The table is for reading; the plain lines
+after it (regressions, one-sided points, noisy points) are stable text that scripts and tests can grep.
+"""
+
+from __future__ import annotations
+
+from ..store.compare import QUANTITY_BY_KEY, Comparison, PointComparison, format_change
+
+
+def format_value(quantity: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    unit = QUANTITY_BY_KEY[quantity].unit
+    if unit == "bytes":
+        return f"{value / 2**20:.3f} MiB" if abs(value) >= 2**20 else f"{value / 2**10:.1f} KiB"
+    if unit == "s":
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:,.0f}"
+
+
+def _verdict(delta) -> str:
+    if delta.regressed:
+        return "[bold red]REGRESSED[/bold red]"
+    if delta.improved:
+        return "[green]improved[/green]"
+    if delta.change is None:
+        return "n/a"
+    return ""
+
+
+def _spread_note(point: PointComparison) -> str:
+    def pct(value):
+        return "?" if value is None else f"{value:.0%}"
+
+    return f"old {pct(point.old_spread)}, new {pct(point.new_spread)}"
+
+
+def _name(point) -> str:
+    """Key, then label unless the key already says it (a benchmark's name is part of its fullname)."""
+    return point.key if not point.label or point.label in point.key else f"{point.key} {point.label}"
+
+
+def comparison_table(comparison: Comparison, old_name: str, new_name: str):
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = comparison.thresholds
+    table = Table(title=f"ckptbench compare ({comparison.kind}): {escape(old_name)} -> {escape(new_name)}  "
+                        f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]")
+    for col in ("point", "quantity", "old", "new", "change", "verdict"):
+        table.add_column(col, justify="right" if col in ("old", "new", "change") else "left",
+                         overflow="fold")
+    for point in comparison.points:
+        # Benchmark names carry [params]: escaped, or rich would read them as markup and drop them.
+        name = escape(point.label) if point.label in ("", point.key) else \
+            f"{escape(point.label)}\n[dim]{escape(point.key)}[/dim]"
+        rows = []
+        if point.old_status != "ok" or point.new_status != "ok":
+            rows.append(("status", point.old_status, point.new_status, "",
+                         "[bold red]REGRESSED[/bold red]" if point.status_regressed else ""))
+        for d in point.deltas:
+            noisy = point.noisy and QUANTITY_BY_KEY[d.quantity].kind == "time"
+            label = d.label + (" [yellow](noisy)[/yellow]" if noisy else "")
+            rows.append((label, format_value(d.quantity, d.old), format_value(d.quantity, d.new),
+                         format_change(d.change), _verdict(d)))
+        for k, row in enumerate(rows):
+            table.add_row(name if k == 0 else "", *row, end_section=k == len(rows) - 1)
+    return table
+
+
+def summary_lines(comparison: Comparison) -> list[str]:
+    """Plain lines: every regression with its reasons, one-sided points, noisy points, the verdict."""
+    t = comparison.thresholds
+    lines = [f"note: {p}" for p in comparison.problems]
+    if comparison.env_changes:
+        lines.append("environment changed: " + "; ".join(comparison.env_changes))
+    for p in comparison.noisy:
+        lines.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
+                     f"than the {t.time:.0%} time threshold; run more steps before trusting its time verdict")
+    for side, points in (("old", comparison.only_old), ("new", comparison.only_new)):
+        for p in points:
+            lines.append(f"only in {side}: {_name(p)} ({p.status}); not compared, does not fail")
+    if not comparison.points:
+        lines.append("no point in common: Case ids hash every setting (model, steps, seed, ...), "
+                     "so runs of different suites share no points")
+    for p in comparison.regressions:
+        lines.append(f"REGRESSION {_name(p)}: " + "; ".join(p.reasons(t)))
+    n = len(comparison.regressions)
+    lines.append(f"{n} of {len(comparison.points)} compared points regressed" if n else
+                 f"no regression among {len(comparison.points)} compared points "
+                 f"(memory {t.memory:.1%}, time {t.time:.1%})")
+    return lines

@@ -1,0 +1,169 @@
+"""What a GPU run says at a glance: utilisation, recompute cost against its ideal, offload cost against
+the copy bound, and the estimate checks.  Pure functions over records (plain dicts), so they run and are
+tested anywhere; ``gpu-summary`` prints them and stores them as ``summary.json`` for the report.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..store.records import latest_per_case
+from ..theory.flops import utilisation
+from ..theory.offload import offload_bound_s
+
+
+def twin_key(case: dict, *differing: str) -> str:
+    """A Case without the settings named: points that differ only in those share this key (a checkpointed
+    point and its twin without checkpointing, an offloaded point and its twin without offload)."""
+    return json.dumps({k: v for k, v in case.items() if k not in differing}, sort_keys=True)
+
+
+def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]:
+    """One row per successful offloaded point that has a successful twin without offload.
+
+    ``bandwidth`` holds ``d2h_bytes_per_s`` and ``h2d_bytes_per_s`` (from :func:`ckptbench.measure.calibrate.copy_bandwidth`); without it the
+    bound and ratio are None and the overhead is still reported.  When a Case was recorded more than once
+    (a resumed sweep), the last record wins.
+    """
+    bandwidth = bandwidth or {}
+    latest = latest_per_case(records)
+    plain = {twin_key(r["case"], "offload"): r for r in latest
+             if r.get("status") == "ok" and not r["case"].get("offload")}
+    rows = []
+    for r in latest:
+        case = r["case"]
+        if r.get("status") != "ok" or not case.get("offload"):
+            continue
+        twin = plain.get(twin_key(case, "offload"))
+        m = r.get("measurement") or {}
+        t_off = m.get("step_time_median_s")
+        t_base = (twin.get("measurement") or {}).get("step_time_median_s") if twin else None
+        overhead = t_off - t_base if (t_off is not None and t_base is not None) else None
+        offloaded = m.get("offloaded_bytes")
+        bound = None if offloaded is None else offload_bound_s(
+            offloaded, bandwidth.get("d2h_bytes_per_s"), bandwidth.get("h2d_bytes_per_s"),
+            case.get("grad_accum", 1))
+        rows.append({
+            "case_id": r["case_id"],
+            "twin_case_id": twin["case_id"] if twin else None,
+            "strategy": r.get("strategy"),
+            "batch_size": case.get("batch_size"),
+            "seq_len": case.get("seq_len"),
+            "offloaded_bytes": offloaded,
+            "step_time_s": t_off,
+            "twin_step_time_s": t_base,
+            "overhead_s": overhead,
+            "bound_s": bound,
+            "overhead_over_bound": overhead / bound if (overhead is not None and bound) else None,
+        })
+    return rows
+
+
+
+
+def point_rows(records: list[dict], measured_peak: float | None = None) -> list[dict]:
+    """Per successful point: step time, MFU/HFU, and the measured vs ideal recompute ratio.
+
+    The measured ratio divides the point's median step time by that of the same point with no
+    checkpointing (every_n_layers 0); the ideal one is pure FLOP arithmetic (see :mod:`ckptbench.theory.flops`).
+    """
+    latest = latest_per_case(records)
+    base = {twin_key(r["case"], "every_n_layers", "offload"): r for r in latest
+            if r.get("status") == "ok" and r["case"].get("every_n_layers", 0) == 0}
+    rows = []
+    for r in latest:
+        if r.get("status") != "ok":
+            continue
+        m = r.get("measurement") or {}
+        t = m.get("step_time_median_s")
+        twin = base.get(twin_key(r["case"], "every_n_layers", "offload"))
+        t_base = (twin.get("measurement") or {}).get("step_time_median_s") if twin else None
+        rows.append({
+            "case_id": r["case_id"],
+            "strategy": r.get("strategy"),
+            "batch_size": r["case"].get("batch_size"),
+            "seq_len": r["case"].get("seq_len"),
+            "step_time_s": t,
+            "tokens_per_s": m.get("tokens_per_s"),
+            "peak_bytes": m.get("peak_bytes"),
+            "mfu": m.get("mfu"),
+            "hfu": m.get("hfu"),
+            "mfu_measured_peak": utilisation(m.get("model_flops_per_step") or 0, t, measured_peak),
+            "hfu_measured_peak": utilisation(m.get("hardware_flops_per_step") or 0, t, measured_peak),
+            "recompute_ratio_measured": t / t_base if (t and t_base) else None,
+            "recompute_ratio_ideal": m.get("ideal_recompute_ratio"),
+            "energy_per_step_j": m.get("energy_per_step_j"),
+        })
+    return rows
+
+
+def check_rows(records: list[dict]) -> list[dict]:
+    """The estimate checks each record carries (``record["checks"]``: quantity, measured, estimated,
+    ratio, verdict), flattened with the point they belong to.  Empty until the estimate work lands."""
+    rows = []
+    for r in latest_per_case(records):
+        checks = r.get("checks") or (r.get("measurement") or {}).get("checks") or []
+        for c in checks:
+            if isinstance(c, dict):
+                rows.append({"case_id": r["case_id"], "strategy": r.get("strategy"),
+                             "batch_size": r["case"].get("batch_size"), "seq_len": r["case"].get("seq_len"),
+                             **{k: c.get(k) for k in ("quantity", "measured", "estimated", "ratio", "verdict")}})
+    return rows
+
+
+def status_counts(records: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in latest_per_case(records):
+        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+    return counts
+
+
+def summarise(records: list[dict], calibration: dict | None = None) -> dict:
+    calibration = calibration or {}
+    return {
+        "statuses": status_counts(records),
+        "calibration": calibration,
+        "points": point_rows(records, calibration.get("matmul_flops_per_s")),
+        "offload": offload_overheads(records, calibration),
+        "checks": check_rows(records),
+    }
+
+
+def _f(value, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+def format_summary(summary: dict) -> list[str]:
+    """Plain text lines (they end up in a log, so no colour or box drawing)."""
+    lines = ["statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items()))]
+    cal = summary.get("calibration") or {}
+    if cal.get("h2d_bytes_per_s"):
+        lines.append(f"pinned copies: H2D {cal['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
+                     f"D2H {cal['d2h_bytes_per_s'] / 1e9:.1f} GB/s"
+                     + (f"; bf16 matmul {cal['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s"
+                        if cal.get("matmul_flops_per_s") else ""))
+    lines += ["", f"{'strategy':<16}{'batch':>6}{'seq':>7}{'step ms':>10}{'MFU':>7}{'HFU':>7}"
+              f"{'MFU*':>7}{'ratio':>7}{'ideal':>7}{'J/step':>8}"]
+    for p in summary["points"]:
+        lines.append(f"{p['strategy']:<16}{p['batch_size']:>6}{p['seq_len']:>7}{_f(p['step_time_s'], '.1f', 1e3):>10}"
+                     f"{_f(p['mfu'], '.2f'):>7}{_f(p['hfu'], '.2f'):>7}{_f(p['mfu_measured_peak'], '.2f'):>7}"
+                     f"{_f(p['recompute_ratio_measured'], '.2f'):>7}{_f(p['recompute_ratio_ideal'], '.2f'):>7}"
+                     f"{_f(p['energy_per_step_j'], '.0f'):>8}")
+    lines.append("MFU/HFU against the datasheet peak, MFU* against the measured matmul peak; ratio = step time / "
+                 "same point without checkpointing, ideal = 1 + recomputed forward FLOPs / (fwd + bwd)")
+    if summary["offload"]:
+        lines += ["", f"{'offload point':<16}{'batch':>6}{'seq':>7}{'MiB':>9}{'extra ms':>10}{'bound ms':>10}"
+                  f"{'extra/bound':>12}"]
+        for o in summary["offload"]:
+            lines.append(f"{o['strategy']:<16}{o['batch_size']:>6}{o['seq_len']:>7}"
+                         f"{_f(o['offloaded_bytes'], '.0f', 2**-20):>9}{_f(o['overhead_s'], '.1f', 1e3):>10}"
+                         f"{_f(o['bound_s'], '.1f', 1e3):>10}{_f(o['overhead_over_bound'], '.2f'):>12}")
+    if summary["checks"]:
+        lines += ["", "estimate checks:"]
+        for c in summary["checks"]:
+            lines.append(f"  {c['verdict'] or '?':<6} {c['strategy']:<16} b={c['batch_size']} s={c['seq_len']} "
+                         f"{c['quantity']}: measured {c['measured']} estimated {c['estimated']} "
+                         f"ratio {_f(c['ratio'], '.3f')}")
+    else:
+        lines += ["", "estimate checks: none in these records (the estimate annotator is not in this version)"]
+    return lines

@@ -1,0 +1,124 @@
+"""One torchrun rank: ``python -m ckptbench.run.rank --case case.json --out DIR [--sync-impl ...]``.
+
+Every rank trains; rank 0 gathers all ranks' measurements (``gather_object``, not counted as
+training traffic) and writes one JSON file per case atomically (tmp, fsync, rename), so a reader never
+sees half a result and a killed group leaves no file rather than a wrong one.  Several ``--case`` flags
+run several cases in the same process group, which saves one torchrun start-up (seconds) per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from ..spec import SYNC_IMPLS, Case
+from ..store.files import write_json_atomic
+
+
+def result_path(out_dir: str, case: Case, sync_impl: str) -> str:
+    return os.path.join(out_dir, f"{case.id}-{sync_impl}.json")
+
+
+def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
+    """Rank-0 view plus the numbers a report plots: payload per rank, collectives per sync, losses."""
+    from ..theory.comm import comm_estimate
+
+    r0 = ranks[0]
+    timed = [s for s in r0["steps"] if not s["warmup"] and not s["metered"]]
+    k = case.local_sgd_steps
+    ar = r0["total"]["ops"].get("allreduce", {"count": 0, "payload_bytes": 0, "bus_bytes": 0.0})
+    syncs = r0["syncs"]
+    est = comm_estimate(r0["param_bytes"], r0["grad_bytes"], r0["optimizer_steps"], k, r0["world_size"],
+                        grad_accum=case.grad_accum, n_param_tensors=r0["n_param_tensors"],
+                        sync_impl=sync_impl)
+    return {
+        "payload_bytes_per_rank": [r["total"]["payload_bytes"] for r in ranks],
+        "allreduce_payload_bytes_per_rank": [r["total"]["ops"].get("allreduce", {}).get("payload_bytes", 0)
+                                             for r in ranks],
+        "bus_bytes_per_rank": [r["total"]["bus_bytes"] for r in ranks],
+        "collectives_per_rank": [r["total"]["collectives"] for r in ranks],
+        "allreduce_count": ar["count"],
+        "syncs": syncs,
+        "collectives_per_sync": (sum(s["collectives"] for s in r0["steps"] if s["synced"])
+                                 + r0["exit"]["collectives"]) / syncs if syncs else None,
+        "sync_s_mean": sum(r0["sync_s"]) / len(r0["sync_s"]) if r0["sync_s"] else None,
+        "ddp_wait_s_mean": (sum(s["sync_s"] for s in timed) / len(timed)) if k == 0 and timed else None,
+        "step_s_mean": sum(s["step_s"] for s in timed) / len(timed) if timed else None,
+        "timed_iterations": len(timed),
+        "final_loss_per_rank": [r["final_loss"] for r in ranks],
+        "eval_loss_per_rank": [r["eval_loss"] for r in ranks],
+        "final_divergence": max(r["final_divergence"] for r in ranks),
+        "estimate": est,
+        "estimate_matches": est["allreduce_payload_bytes"] == ar["payload_bytes"],
+    }
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when torchrun's agent goes away, however it goes (a safety net
+    beside the launcher's tree kill: a rank must never outlive its group)."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckptbench.run.rank", description=__doc__)
+    parser.add_argument("--case", action="append", required=True, help="Case JSON file (repeatable)")
+    parser.add_argument("--out", required=True, help="directory for <case_id>-<sync_impl>.json")
+    parser.add_argument("--sync-impl", default="accelerate", choices=SYNC_IMPLS)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+
+    import torch
+    import torch.distributed as dist
+
+    from ..train.localsgd import train_rank
+
+    cases = []
+    for path in args.case:
+        with open(path) as f:
+            cases.append(Case.from_dict(json.load(f)))
+    for case in cases:
+        torch.set_num_threads(case.train.threads)
+        data = train_rank(case, sync_impl=args.sync_impl)
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(data, gathered, dst=0)
+        if dist.get_rank() == 0:
+            os.makedirs(args.out, exist_ok=True)
+            import accelerate
+            import transformers
+
+            write_json_atomic(result_path(args.out, case, args.sync_impl), {
+                "schema": 1,
+                "case_id": case.id,
+                "case": case.to_dict(),
+                "sync_impl": args.sync_impl,
+                "summary": summarise(case, gathered, args.sync_impl),
+                "ranks": gathered,
+                "env": {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "accelerate": accelerate.__version__, "python": sys.version.split()[0]},
+            })
+        _reset_accelerate()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _reset_accelerate() -> None:
+    """Forget accelerate's process-wide singletons so the next case's Accelerator can differ
+    (e.g. in ``gradient_accumulation_steps``); the process group itself is kept and reused."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

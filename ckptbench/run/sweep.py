@@ -1,0 +1,155 @@
+"""Run a suite: each Case in its own process, each result appended as a record before the next starts.
+
+Single-process Cases run in workers forked from a preloaded fork server (:mod:`.forkserver`); Cases
+with ``world_size > 1`` are process groups and go through torchrun instead (:mod:`.launch`).  The parent
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..env import host_environment
+from ..errors import UsageError
+from ..spec import Case, Suite
+from ..store.files import write_text_atomic
+from ..store.records import RecordStore
+from .forkserver import IsolatedRunner
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a sweep: the worker in flight was stopped, every finished record is kept."""
+
+    def __init__(self, done: int, remaining: int):
+        self.done, self.remaining = done, remaining
+        super().__init__(f"interrupted after {done} points, {remaining} not run")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    out_dir: str
+    resume: bool = False
+    shard: tuple[int, int] = (1, 1)  # (i, n): this process runs every n-th planned Case starting at i
+    timeout_s: float | None = None  # overrides the suite's per-Case timeout
+    max_minutes: float | None = None  # Cases not started this long after the sweep began are recorded as skipped
+    faults: dict = field(default_factory=dict)  # case id -> Fault; tests only
+
+
+@dataclass
+class SweepResult:
+    run_dir: str
+    planned: list[Case]
+    skipped_ids: list[str]
+    records: list[dict]
+
+
+def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
+    """The Cases this process is responsible for, in suite order."""
+    i, n = shard
+    return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
+
+
+def _run_group(case: Case, work_dir: str, timeout: float) -> dict:
+    """A multi-rank Case: one torchrun group of its own, its rank-0 result in the common shape."""
+    from .launch import flatten_measurement, run_distributed_case
+
+    result = run_distributed_case(case, os.path.join(work_dir, case.id), timeout, sync_impl=case.sync_impl)
+    if result["status"] == "ok":
+        result["measurement"] = flatten_measurement(case, result["measurement"])
+    return result
+
+
+def _judge_budget(result: dict, budget: int | None) -> None:
+    """On CPU there is no OOM to catch: a suite's memory budget turns an over-budget peak into a result."""
+    m = result.get("measurement") or {}
+    if budget and result["status"] == "ok" and m.get("peak_bytes", 0) > budget:
+        result["status"] = "over_budget"
+        result["reason"] = f"peak {m['peak_bytes'] / 2**20:.1f} MiB > budget {budget / 2**20:.1f} MiB"
+
+
+def _keep_suite_text(suite: Suite, run_dir: str, recorded_ids: set[str]) -> None:
+    """Store the suite file beside the records, so a report shows exactly what was asked for.
+
+    The records of a directory always belong to the suite stored there.  Another suite may write into
+    it only if every point already recorded is one of its own points (a suite grown by more axis
+    values, resumed to add them); the stored file is then replaced by the new one.  Anything else would
+    mix two experiments under one suite file, and is refused.
+    """
+    path = os.path.join(run_dir, "suite.toml")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == suite.text:
+                return
+        foreign = recorded_ids - {c.id for c in suite.cases}
+        if foreign:
+            raise UsageError(f"{run_dir} holds {len(foreign)} points of another suite (its suite.toml differs "
+                             f"from {suite.path}); write to another --out")
+    if suite.text:
+        write_text_atomic(path, suite.text)
+
+
+def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None) -> dict:
+    record = {
+        "case_id": case.id,
+        "suite": suite.name,
+        "case": case.to_dict(),
+        "strategy": case.strategy,
+        "status": result["status"],
+        "reason": result.get("reason", ""),
+        "measurement": result.get("measurement") or {},
+        "stderr_tail": result.get("stderr_tail", ""),
+        "wall_s": result.get("wall_s"),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": {**host_env, **result.get("device_env", {})},
+    }
+    if annotate is not None:
+        annotate(case, record)
+    return record
+
+
+def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
+              annotate: Callable[[Case, dict], None] | None = None) -> SweepResult:
+    """Run the planned Cases not yet in the store; append one record per Case as soon as it ends."""
+    if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
+        raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
+    store = RecordStore(options.out_dir)
+    store.ensure()
+    recorded = store.load().records
+    _keep_suite_text(suite, options.out_dir, {r["case_id"] for r in recorded})
+    work_dir = os.path.join(options.out_dir, "work")
+    os.makedirs(work_dir, exist_ok=True)
+    planned = plan(suite, options.shard)
+    # a Case recorded as skipped (deadline) was never run: --resume runs it
+    done_ids = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if options.resume else set()
+    todo = [c for c in planned if c.id not in done_ids]
+    skipped = [c.id for c in planned if c.id in done_ids]
+    timeout = options.timeout_s or suite.timeout_s
+    host_env = host_environment()
+    runner = IsolatedRunner()
+    records: list[dict] = []
+    deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
+    try:
+        for k, case in enumerate(todo):
+            fault = options.faults.get(case.id)
+            if deadline is not None and time.monotonic() >= deadline:
+                result = {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
+                          f"{options.max_minutes:g} deadline had passed"}
+            elif case.world_size > 1:
+                result = _run_group(case, work_dir, timeout)
+            else:
+                result = runner.run(case, work_dir, timeout, fault)
+            _judge_budget(result, suite.memory_budget_bytes)
+            record = make_record(suite, case, result, host_env, annotate)
+            store.append(record)
+            records.append(record)
+            if on_record is not None:
+                on_record(record, k + 1, len(todo))
+    except KeyboardInterrupt:
+        # Wherever Ctrl-C lands, the point in flight is dropped whole: its worker is killed and its
+        # record, not yet appended, will be run again by --resume.
+        runner.kill_current()
+        raise Interrupted(len(records), len(todo) - len(records)) from None
+    return SweepResult(options.out_dir, planned, skipped, records)

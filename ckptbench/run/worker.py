@@ -1,0 +1,210 @@
+"""One sweep point, measured in the process that runs it.
+
+The step loop is the familiar one: warm-up steps (clean, they also create the optimizer state), memory
+steps (the probes that slow operators run only here), then timed steps (clean again).  The record says
+which steps were which.  :func:`child_main` is the entry point of a worker process forked from the fork
+server (see :mod:`.forkserver`): it redirects the process's output to the point's log file and writes exactly
+one result file, atomically, whatever happens short of the process being killed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from contextlib import nullcontext
+
+import torch
+
+from ..measure.memory import probe_for
+from ..measure.nvml import NvmlDevice
+from ..measure.saved import LayerProbe, SavedTensorCounter
+from ..measure.steps import step_probe_for
+from ..measure.storage import StorageSerials
+from ..measure.timing import StepStats, timer_for
+from ..spec import Case
+from ..store.files import write_json_atomic
+from ..theory.flops import figures as flop_figures
+from ..train.checkpointing import (
+    decoder_layers,
+    enable_checkpointing,
+    offload_without_pinning,
+    pinned_memory_error,
+)
+from ..train.models import build_model, synthetic_batch
+from ..train.step import forward_loss, train_step
+from .faults import Fault
+
+
+def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
+    """One step under the memory probe, the saved-tensor counter and the layer probe."""
+    probe = probe_for(batch.device, model, optimizer, [batch])
+    serials = StorageSerials()
+    param_keys = {serials(p) for p in model.parameters()}
+    counter = SavedTensorCounter(serials, param_keys)
+    layer_probe = LayerProbe(serials, layers)
+    with layer_probe:
+        probe.start()
+        try:
+            for micro in range(case.grad_accum):
+                with counter if micro == 0 else nullcontext():
+                    loss = forward_loss(model, batch, case.grad_accum)
+                if micro == 0:
+                    probe.mark_after_forward()
+                layer_probe.in_backward = True
+                loss.backward()
+                layer_probe.in_backward = False
+                del loss
+            optimizer.step()
+        finally:
+            probe.stop()  # before zero_grad: the CUDA probe reads the gradients it sizes
+        optimizer.zero_grad(set_to_none=True)
+    out = probe.result().to_dict()
+    out["memory_probe"] = probe.kind
+    out.update(counter.summary(layer_probe.keys_of(case.checkpointed_layers)))
+    out["recomputed_layers"] = sorted(layer_probe.recomputed)
+    return out
+
+
+class Unsupported(Exception):
+    """The point cannot run on this machine at all (not a failure of the setting): recorded as such."""
+
+
+def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None) -> dict:
+    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement."""
+    t_enter = time.time()
+    torch.set_num_threads(case.train.threads)
+    torch.manual_seed(case.train.seed)
+    device = torch.device(case.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Unsupported(f"device 'cuda' requested, but this torch ({torch.__version__}) sees no CUDA device")
+    if fault is not None and fault.kind != "slow":
+        inject(fault)
+
+    offload_pinned = None
+    offload_note = ""
+    pin_error = pinned_memory_error() if case.offload else None
+    if case.offload:
+        offload_pinned = pin_error is None
+        if pin_error:
+            offload_note = (f"this torch build has no pinned allocator ({pin_error}); transformers' offload "
+                            "ran with pin_memory=False")
+    ctx = offload_without_pinning() if (case.offload and pin_error) else nullcontext()
+
+    with ctx:
+        model = build_model(case.model, device)
+        checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        layers = decoder_layers(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
+        t_ready = time.time()
+
+        losses = []
+        steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
+        steps.begin("warmup")
+        for _ in range(case.train.warmup_steps):
+            steps.before_step()
+            losses.append(train_step(model, optimizer, batch, case.grad_accum))
+            steps.after_step()
+        steps.end()
+        mem: dict = {}
+        for _ in range(case.train.memory_steps):
+            mem = _memory_step(case, model, optimizer, batch, layers)
+        timer = timer_for(device.type)
+        steps.begin("timed")
+        for _ in range(case.train.steps):
+            steps.before_step()
+            timer.start()
+            losses.append(train_step(model, optimizer, batch, case.grad_accum))
+            if fault is not None and fault.kind == "slow":
+                time.sleep(fault.seconds)
+            timer.stop()
+            steps.after_step()
+        stats = StepStats.of(timer.times())  # the window's one synchronise (CUDA)
+        steps.end()
+        losses = [float(x) for x in losses]
+
+    return {
+        **mem,
+        **steps.result(),
+        **flop_figures(case, stats.median_s, _device_name(device)),
+        "checkpointing_api": checkpointing_api,
+        "step_times_s": list(stats.times_s),
+        "step_time_median_s": stats.median_s,
+        "step_time_p90_s": stats.p90_s,
+        "step_time_mean_s": stats.mean_s,
+        "step_time_cv": stats.cv,
+        "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
+        "timer": timer.kind,
+        "losses": losses,
+        "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
+                  "timed": case.train.steps, "memory_steps_timed": False},
+        "spawn_s": (t_enter - t_submit) if t_submit else None,
+        "setup_s": (t_ready - t_submit) if t_submit else None,
+        "model_build_s": t_ready - t_enter,
+        "offload_pinned": offload_pinned,
+        "offload_note": offload_note,
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _device_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def device_environment(device_type: str) -> dict:
+    """What only the worker can see cheaply: torch's view of the device."""
+    env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    if device_type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device_name=props.name, device_memory_bytes=props.total_memory)
+        nvml = NvmlDevice.open(0)
+        env["driver"] = nvml.driver_version() if nvml else None
+        if nvml:
+            nvml.close()
+    return env
+
+
+def inject(fault: Fault) -> None:
+    if fault.kind == "raise":
+        raise RuntimeError("injected fault: worker raised")
+    if fault.kind == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    if fault.kind == "hang":
+        while True:
+            time.sleep(3600)
+    if fault.kind == "exit":
+        os._exit(3)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """Out-of-memory raised outside the caching allocator (cuBLAS/cuDNN workspaces, a kernel's own
+    cudaMalloc) arrives as a plain RuntimeError or AcceleratorError; its message says so."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "cublas_status_alloc_failed" in text)
+
+
+def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
+               fault: Fault | None = None) -> None:
+    """Entry point of a worker process: one Case, one result file, output to the point's log."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    case = Case.from_dict(case_dict)
+    result: dict = {"status": "ok", "reason": ""}
+    try:
+        result["measurement"] = measure(case, t_submit, fault)
+    except Unsupported as exc:
+        result = {"status": "unsupported", "reason": str(exc)}
+    except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class
+        traceback.print_exc()
+        result = {"status": "oom", "reason": str(exc).splitlines()[0][:500]}
+    except Exception as exc:
+        traceback.print_exc()
+        status = "oom" if is_oom_error(exc) else "crash"
+        result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+    result["device_env"] = device_environment(case.device)
+    write_json_atomic(result_path, result)

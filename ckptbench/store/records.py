@@ -1,0 +1,133 @@
+"""The results store: ``results/<run>/records.jsonl``, one schema-versioned JSON object per Case.
+
+Appends are atomic in the sense that matters: each record is one ``write`` of a whole line to a file
+opened with ``O_APPEND``, under an exclusive ``flock`` (so sweeps sharded over one output never
+interleave), followed by ``fsync``.  A sweep killed at any moment loses at most the point in flight; a
+torn last line (a crash mid-write on a filesystem that allows it) is detected on load, reported, and
+never parsed as data.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = 1
+RECORDS = "records.jsonl"
+STATUSES = ("ok", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
+
+
+@dataclass
+class LoadedRecords:
+    """Records read back, plus what could not be read (with line numbers), so nothing fails silently."""
+
+    records: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def ids(self) -> set[str]:
+        return {r["case_id"] for r in self.records if "case_id" in r}
+
+
+class RecordStore:
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, RECORDS)
+
+    def ensure(self) -> None:
+        os.makedirs(self.run_dir, exist_ok=True)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True, default=_jsonable) + "\n"
+        data = line.encode()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _repair_torn_tail(fd)
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def load(self) -> LoadedRecords:
+        return load_records(self.path)
+
+
+def _repair_torn_tail(fd: int) -> None:
+    """If a crash left a last line without its newline, end it so the next record starts on its own line.
+
+    The torn fragment stays in the file (nothing already written is ever rewritten) and is reported and
+    skipped on load.
+    """
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    if os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
+
+
+def _jsonable(obj):
+    if isinstance(obj, set):
+        return sorted(obj)
+    return str(obj)
+
+
+def load_records(path: str) -> LoadedRecords:
+    out = LoadedRecords()
+    if os.path.isdir(path):
+        path = os.path.join(path, RECORDS)
+    if not os.path.exists(path):
+        out.problems.append(f"{path}: no records file")
+        return out
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    lines = raw.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            torn = number == len(lines)
+            out.problems.append(f"{path}:{number}: {'truncated last line' if torn else 'unreadable line'} "
+                                f"({len(line)} bytes) ignored")
+            continue
+        if not isinstance(record, dict) or "case_id" not in record:
+            out.problems.append(f"{path}:{number}: not a record (no case_id) ignored")
+            continue
+        if record.get("schema") != SCHEMA_VERSION:
+            out.problems.append(f"{path}:{number}: schema {record.get('schema')!r} != {SCHEMA_VERSION} ignored")
+            continue
+        out.records.append(record)
+    out.records = latest_per_case(out.records)
+    return out
+
+
+def latest_per_case(records: list[dict]) -> list[dict]:
+    """One record per Case, the last one written: a point recorded as ``skipped`` (deadline) and run
+    later by ``--resume`` has two lines, and the later one is the result.  Order of first appearance."""
+    latest: dict[str, dict] = {}
+    for record in records:
+        latest[record["case_id"]] = record  # a later line replaces an earlier one, in its place
+    return list(latest.values())
+
+
+def to_frame(records: list[dict]):
+    """A flat pandas DataFrame: nested fields become dotted columns (``case.batch_size``, ...)."""
+    import pandas as pd
+
+    if not records:
+        return pd.DataFrame()
+    return pd.json_normalize(records, sep=".")
+
+
+def export_csv(run_dir: str, out_path: str | None = None) -> str:
+    loaded = load_records(run_dir)
+    frame = to_frame(loaded.records)
+    out_path = out_path or os.path.join(run_dir, "records.csv")
+    frame.to_csv(out_path, index=False)
+    return out_path

@@ -1,0 +1,162 @@
+"""The analytic memory estimate of one training step, walked phase by phase to find its peak.
+
+Pure functions over a :class:`~ckptbench.spec.ModelSpec` (no torch import), so the CLI, the suite
+validator and the report can ask "what should this point cost?" without building anything.  The parts
+come from :mod:`.params` (parameters, gradients, optimizer state) and :mod:`.activations` (what each
+layer and the head keep for backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..spec import Case, ModelSpec, checkpointed_layers
+from .activations import head_activation_terms, layer_activation_terms, not_saved_head_terms
+from .params import param_count
+from .units import FP32, INT64
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted bytes of one training step; field names match the harness's measurement keys."""
+
+    model: str
+    family: str
+    dtype: str
+    attn: str
+    batch: int
+    seq: int
+    every_n_layers: int
+    offload: bool
+    grad_accum: int
+    n_params: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    checkpointed_layers: tuple[int, ...]
+    layer_full_bytes: int
+    checkpointed_input_bytes: int
+    offloaded_bytes: int
+    activations_after_forward_bytes: int
+    saved_bytes: int
+    mem_after_forward_bytes: int
+    peak_bytes: int
+    peak_phase: str
+    peak_breakdown: dict = field(default_factory=dict)
+    host_bytes: int = 0
+    layer_terms: dict = field(default_factory=dict)
+    head_terms: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+
+    @property
+    def recomputed_layers(self) -> list[int]:
+        return list(self.checkpointed_layers)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["checkpointed_layers"] = list(self.checkpointed_layers)
+        d["recomputed_layers"] = self.recomputed_layers
+        return d
+
+
+def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
+             grad_accum: int = 1, device: str = "cpu") -> Estimate:
+    """Memory of one AdamW training step (pure dtype, no master weights), device side and host side.
+
+    After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
+    Peak: the largest of four phases, walked in order —
+      ``forward`` the loss is being computed: logits (B·N·V), their fp32 copy in 16-bit models and the
+      padded labels are transient on top of what is kept;
+      ``backward-head`` nll and log-softmax backward hold two fp32 N·V gradients beside everything kept;
+      ``backward-layers`` layer by layer from the last: kept activations of the layers not yet done,
+      the layer being differentiated at full size (recomputed if checkpointed; with offload its input
+      comes back to the device), grads accumulated so far plus this layer's, and a few N·h / N·i
+      gradient temporaries;
+      ``optimizer`` params + grads + state + AdamW temporaries: two copies of the largest tensor on CPU
+      (single-tensor ``exp_avg_sq.sqrt() / bc``), one full copy of the params on CUDA (foreach sqrt).
+    With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
+    """
+    pc = param_count(spec)
+    B = spec.bytes_per_element
+    N = batch * seq
+    h, V, i = spec.hidden, spec.vocab, spec.intermediate
+    params = pc.total * B + pc.buffers_bytes
+    grads = pc.total * B
+    # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter.
+    optimizer = 2 * pc.total * B + FP32 * pc.n_tensors
+    ckpt = checkpointed_layers(spec.layers, every_n_layers)
+    any_ck = bool(ckpt)
+    all_ck = len(ckpt) == spec.layers
+    lt = layer_activation_terms(spec, batch, seq, device)
+    ht = head_activation_terms(spec, batch, seq, any_ck, all_ck, device)
+    layer_full = sum(lt.values())
+    ckpt_input = B * N * h
+    n_ck = len(ckpt)
+    checkpointed_input = n_ck * ckpt_input
+    acts = (spec.layers - n_ck) * layer_full + checkpointed_input + sum(ht.values())
+    not_saved = sum(v for k, v in ht.items() if k in not_saved_head_terms(spec, all_ck))
+    saved = acts - not_saved
+    offloaded = checkpointed_input if offload else 0
+    # On a CPU the host *is* the device: offloaded tensors stay in the same memory (save_on_cpu's
+    # `tensor.cpu()` returns the tensor itself), so only a CUDA device is relieved of them.
+    moved = offloaded if device == "cuda" else 0
+    dev_acts = acts - moved
+    static = params + optimizer
+    after_forward = static + dev_acts
+
+    # --- peak, phase by phase (device side) ---
+    g0 = grads if grad_accum > 1 else 0
+    phases: dict[str, tuple[int, int, int]] = {}  # phase -> (activations, grads, total)
+
+    def put(name: str, a: int, g: int) -> None:
+        phases[name] = (a, g, static + a + g)
+
+    logits_tmp = B * N * V + (FP32 * N * V if B != FP32 else 0) + INT64 * batch * (seq + 1)
+    put("forward", dev_acts + logits_tmp, g0)
+    put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0)
+    # after the head: log-softmax, labels and final norm are gone, lm_head (or the tied embedding) has a grad
+    a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"]
+    g = g0 + (V * h * B if grad_accum == 1 else 0)
+    layer_params = pc.per_layer * B
+    temps = 2 * B * N * h + 2 * B * N * i
+    best_layer = (0, 0, -1)
+    for idx in reversed(range(spec.layers)):
+        kept = ckpt_input if idx in ckpt else layer_full
+        if idx in ckpt and moved:
+            kept = 0  # it lives on the host; the unpack brings it back for the recompute
+        during = a - kept + layer_full + temps
+        gl = g + (layer_params if grad_accum == 1 else 0)
+        if static + during + gl > best_layer[2]:
+            best_layer = (during, gl, static + during + gl)
+        a -= kept
+        g = gl
+    phases["backward-layers"] = best_layer
+    emb = pc.embedding + pc.position
+    g_full = grads
+    opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
+    put("optimizer", opt_tmp, g_full)
+    del emb
+    peak_phase = max(phases, key=lambda k: phases[k][2])
+    pa, pg, ptotal = phases[peak_phase]
+    return Estimate(
+        model=spec.label, family=spec.family, dtype=spec.dtype, attn=spec.attn, batch=batch, seq=seq,
+        every_n_layers=every_n_layers, offload=offload, grad_accum=grad_accum, n_params=pc.total,
+        params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, checkpointed_layers=tuple(ckpt),
+        layer_full_bytes=layer_full, checkpointed_input_bytes=checkpointed_input, offloaded_bytes=offloaded,
+        activations_after_forward_bytes=dev_acts, saved_bytes=saved, mem_after_forward_bytes=after_forward,
+        peak_bytes=ptotal, peak_phase=peak_phase,
+        peak_breakdown={"params": params, "grads": pg, "optimizer": optimizer, "activations": pa},
+        host_bytes=offloaded, layer_terms=lt, head_terms=ht,
+        phases={k: v[2] for k, v in phases.items()},
+    )
+
+
+def estimate_case(case: Case) -> Estimate:
+    """The estimate for a sweep point."""
+    return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
+                    case.grad_accum, case.device)
+
+
+def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:
+    """Korthikanti et al. 2022 eq. 1, one GPT layer in 16-bit with dropout: s·b·h·(34 + 5·a·s/h) bytes."""
+    return seq * batch * hidden * 34 + 5 * heads * seq * seq * batch

@@ -1,0 +1,61 @@
+"""Parameter, gradient and optimizer-state counts of the models transformers builds: exact, torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec import ModelSpec
+from .units import FP32
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter elements by part, and how many parameter tensors (AdamW keeps one step scalar each)."""
+
+    embedding: int
+    position: int
+    per_layer: int
+    final_norm: int
+    lm_head: int
+    layers: int
+    n_tensors: int
+    largest_tensor: int
+    buffers_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.position + self.per_layer * self.layers + self.final_norm + self.lm_head
+
+
+def param_count(spec: ModelSpec) -> ParamCount:
+    """Exact ``sum(p.numel() for p in model.parameters())`` of the model ``models.build_model`` builds.
+
+    Tied embeddings are one tensor (``parameters()`` yields it once), so ``lm_head`` is 0 then.
+    Llama has no biases; Qwen2 has biases on q/k/v only; GPT-2 has biases everywhere, LayerNorm weight and
+    bias, learned position embeddings and fused Conv1D q/k/v.
+    """
+    h, i, v, kv = spec.hidden, spec.intermediate, spec.vocab, spec.kv_heads * spec.head_dim
+    lm_head = 0 if spec.tie_embeddings else v * h
+    if spec.family in ("llama", "qwen2"):
+        attn = h * h + 2 * h * kv + h * h  # q, k, v, o
+        if spec.family == "qwen2":
+            attn += h + 2 * kv  # q/k/v biases
+        per_layer = attn + 3 * h * i + 2 * h  # gate, up, down; two RMSNorm weights
+        # rotary inv_freq and original_inv_freq buffers: head_dim/2 fp32 each (params_bytes includes buffers)
+        buffers = 2 * (spec.head_dim // 2) * FP32
+        per_layer_tensors = 9 + (3 if spec.family == "qwen2" else 0)
+        n_tensors = 1 + spec.layers * per_layer_tensors + 1 + (0 if spec.tie_embeddings else 1)
+        position, final_norm = 0, h
+        largest = max(v * h, h * i, h * h)
+    elif spec.family == "gpt2":
+        attn = (h * 3 * h + 3 * h) + (h * h + h)  # c_attn, c_proj (Conv1D weight + bias)
+        mlp = (h * i + i) + (i * h + h)  # c_fc, c_proj
+        per_layer = attn + mlp + 2 * 2 * h  # ln_1, ln_2 weight + bias
+        position, final_norm, buffers = spec.max_positions * h, 2 * h, 0
+        n_tensors = 2 + spec.layers * 12 + 2 + (0 if spec.tie_embeddings else 1)
+        largest = max(v * h, h * i, 3 * h * h, position)
+    else:
+        raise ValueError(f"unknown model family {spec.family!r}")
+    return ParamCount(embedding=v * h, position=position, per_layer=per_layer, final_norm=final_norm,
+                      lm_head=lm_head, layers=spec.layers, n_tensors=n_tensors, largest_tensor=largest,
+                      buffers_bytes=buffers)

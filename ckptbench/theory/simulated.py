@@ -1,0 +1,85 @@
+"""Simulated predictions for every point of a suite, stored beside the real measurements.
+
+``python -m ckptbench simulate-suite SUITE OUT`` runs the FakeTensor simulation (:mod:`.simulate`:
+the real model's forward, backward and AdamW step on fake CPU tensors) for each Case and appends one line
+per Case to ``OUT/simulated.jsonl``, keyed by ``case_id``.  Case ids hash every setting, so a file made on
+a laptop from ``suites/gpu-small.toml`` matches the records a GPU run of the same suite writes, and the
+report joins the two with :func:`load_simulated`.  Simulation needs no GPU: run it where device time is
+not counted and carry the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+from ..spec import Case, Suite
+
+SIMULATED = "simulated.jsonl"
+
+
+def simulate_case(case: Case, simulate: Callable) -> dict:
+    """One line of simulated.jsonl: the prediction for `case`, or why there is none."""
+    line = {"case_id": case.id, "strategy": case.strategy, "batch_size": case.batch_size,
+            "seq_len": case.seq_len, "status": "ok", "reason": "", "simulated": {}}
+    if case.world_size > 1:
+        line.update(status="unsupported", reason="multi-rank Cases are not simulated")
+        return line
+    t0 = time.perf_counter()
+    try:
+        result = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
+                          lr=case.train.lr)
+    except Exception as exc:  # one bad point must not lose the others' predictions
+        line.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:500])
+        return line
+    line["simulated"] = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    line["wall_s"] = time.perf_counter() - t0
+    if case.grad_accum > 1:
+        line["reason"] = "one micro-batch simulated; gradient accumulation not modelled"
+    return line
+
+
+def _append(path: str, line: dict) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def simulate_suite(suite: Suite, out_dir: str, simulate: Callable | None = None,
+                   on_line: Callable[[dict, int, int], None] | None = None) -> str:
+    """Append a prediction for each Case not yet in ``out_dir/simulated.jsonl``; returns the file's path.
+
+    `simulate` defaults to :func:`.simulate.simulate` (imported here: it needs torch)."""
+    if simulate is None:
+        from .simulate import simulate
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, SIMULATED)
+    done = {k for k, v in load_simulated(out_dir).items() if v.get("status") == "ok"}
+    todo = [c for c in suite.cases if c.id not in done]
+    for k, case in enumerate(todo):
+        line = simulate_case(case, simulate)
+        _append(path, line)
+        if on_line is not None:
+            on_line(line, k + 1, len(todo))
+    return path
+
+
+def load_simulated(run_dir: str) -> dict[str, dict]:
+    """case_id → line of ``run_dir/simulated.jsonl`` (the last line of a Case wins; unreadable lines are
+    skipped).  Empty when the file does not exist."""
+    path = run_dir if run_dir.endswith(".jsonl") else os.path.join(run_dir, SIMULATED)
+    out: dict[str, dict] = {}
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for raw in fh:
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(line, dict) and "case_id" in line:
+                out[line["case_id"]] = line
+    return out

@@ -1,0 +1,290 @@
+"""The data-parallel training loop of a local-SGD Case: one rank's view, run under torchrun.
+
+The loop is the one accelerate documents, on purpose, so that what we measure is what users run::
+
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=K, enabled=K > 0) as local_sgd:
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = model(...).loss; accelerator.backward(loss)
+                optimizer.step(); scheduler.step(); optimizer.zero_grad()
+            local_sgd.step()
+
+``K == 0`` is plain DDP (a gradient all-reduce per optimizer step).  ``sync_impl="torch-averager"``
+replaces accelerate's averaging with torch's ``PeriodicModelAverager`` on the same schedule, so the two
+differ only in how an averaging is done (one all-reduce per parameter tensor plus a barrier, versus one
+flattened all-reduce).
+
+Meters: collectives are counted by :class:`ckptbench.measure.comm.C10dInterposer`, which costs nothing on
+compute ops, so every iteration is counted and timed.  Parameter divergence needs an extra all-reduce;
+it runs right before each averaging with the recorder paused, outside the timed region.  Activation
+memory uses a dispatch mode, which slows the step, so it runs only on the first ``train.memory_steps``
+optimizer steps, which are flagged ``metered`` and left out of timing summaries.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from ..measure.comm import C10dInterposer, CollectiveRecorder
+from ..measure.storage import LiveStorageTracker, track_training_state
+from ..spec import SYNC_IMPLS, Case
+from .checkpointing import enable_checkpointing
+from .models import build_model, synthetic_batch
+
+
+class ForwardActivations:
+    """Bytes a forward pass leaves alive for backward, counted by the harness's live-storage tracker.
+
+    Parameters and buffers are registered first, so views of weights (``weight.t()`` in a linear) stay
+    parameters; everything the forward allocates and still holds at its end (saved activations, logits,
+    loss) is the result.  It slows the ops it sees, so only the metered iterations use it.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.tracker = LiveStorageTracker()
+        track_training_state(self.tracker, model)
+        self.bytes = 0
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.bytes = self.tracker.by_category["activations"]  # now: after backward they are gone
+        self.tracker.__exit__(*exc)
+        return False
+
+    def result(self) -> int:
+        return self.bytes
+
+
+class TorchAveragerSync:
+    """accelerate's ``LocalSGD`` interface, averaging with torch's ``PeriodicModelAverager``.
+
+    ``warmup_steps=K-1`` makes the averager fire after the K-th, 2K-th ... call, exactly where
+    ``LocalSGD.step()`` does, and ``__exit__`` averages once more as ``LocalSGD.__exit__`` does, so the
+    schedules match call for call.  Like ``LocalSGD``, the model stays under DDP's ``no_sync``.
+    """
+
+    def __init__(self, model, local_sgd_steps: int):
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        self.model = model
+        self.local_sgd_steps = local_sgd_steps
+        self.num_steps = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # period 1 warns that DDP alone would do; we measure it anyway
+            self.averager = PeriodicModelAverager(period=local_sgd_steps, warmup_steps=local_sgd_steps - 1)
+
+    def __enter__(self):
+        self._no_sync = self.model.no_sync()
+        self._no_sync.__enter__()
+        return self
+
+    def step(self):
+        """Average when the averager's schedule says so.
+
+        Not ``averager.average_parameters(model.parameters())``: that filters out parameters whose
+        ``.grad`` is None, and in accelerate's loop ``optimizer.zero_grad()`` (set_to_none) has just run,
+        so it would average nothing (``torch.cat`` of an empty list).  We keep the averager's own
+        schedule fields and call the same ``utils.average_parameters`` it calls.
+        """
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        a = self.averager
+        if a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0:
+            average_parameters(iter(list(self.model.parameters())), a.process_group)
+        a.step += 1
+        self.num_steps += 1
+
+    def __exit__(self, *exc):
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        average_parameters(iter(self.model.parameters()), dist.group.WORLD)
+        self._no_sync.__exit__(*exc)
+        return False
+
+
+def param_divergence(model: torch.nn.Module, world_size: int) -> tuple[float, float]:
+    """(‖p − mean over ranks‖₂, that norm / ‖mean‖₂) over all parameters, one flat all-reduce."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+        mean = flat.clone()
+        dist.all_reduce(mean)
+        mean /= world_size
+        dev = (flat - mean).norm().item()
+        return dev, dev / max(mean.norm().item(), 1e-30)
+
+
+def _ddp_tail_wait(events: list[dict]) -> float:
+    """Seconds backward waited for DDP's buckets: last completion minus last issue.
+
+    The reducer issues a bucket as soon as its last gradient is ready; buckets follow reverse forward
+    order, so the last one issues when backward has nothing left to compute, and ``backward()`` returns
+    only when every bucket completed.  Earlier buckets overlap with compute and cost no wait.
+    """
+    reduces = [e for e in events if e["op"] == "allreduce" and e["phase"] == "backward"]
+    if not reduces:
+        return 0.0
+    done = max((e["t_done"] if e["t_done"] is not None else e["t_return"]) for e in reduces)
+    return max(0.0, done - max(e["t_issue"] for e in reduces))
+
+
+def _will_sync(sync, k: int) -> bool:
+    return k > 0 and (sync.num_steps + 1) % k == 0
+
+
+def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardActivations) -> dict:
+    """Run `case` on this rank (inside torchrun) and return this rank's measurements.
+
+    ``case.train.warmup_steps + case.train.steps`` optimizer steps are run, each of ``case.grad_accum``
+    micro-batches; one record per micro-batch ("iteration"), because that is what ``LocalSGD`` counts.
+    """
+    from accelerate import Accelerator
+    from accelerate.local_sgd import LocalSGD
+
+    if sync_impl not in SYNC_IMPLS:
+        raise ValueError(f"sync_impl must be one of {SYNC_IMPLS}, got {sync_impl!r}")
+    k = case.local_sgd_steps
+    accelerator = Accelerator(gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
+    world = accelerator.num_processes
+    # LocalSGD silently does nothing without a real process group: refuse to measure that.
+    assert dist.is_initialized() and world == case.world_size > 1, (
+        f"needs a torchrun group of case.world_size={case.world_size} > 1 ranks, got {world}")
+    rank = accelerator.process_index
+    train = case.train
+
+    torch.manual_seed(train.seed)  # identical initial weights on every rank (DDP also broadcasts them)
+    model = build_model(case.model, accelerator.device)
+    enable_checkpointing(model, case.every_n_layers, case.offload)
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
+    # Constant LR: TrainSpec.warmup_steps are timing burn-in steps, not an LR schedule.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+    opt_steps = train.warmup_steps + train.steps
+    iterations = opt_steps * case.grad_accum
+    # Each rank sees its own data (that is what makes ranks diverge); generated up front, untimed.
+    batches = [synthetic_batch(case.model.vocab, case.batch_size, case.seq_len,
+                               seed=train.seed * 1_000_003 + rank * 10_007 + it, device=accelerator.device)
+               for it in range(iterations)]
+    eval_batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, seed=train.seed + 999_983,
+                                 device=accelerator.device)
+
+    recorder = CollectiveRecorder(world)
+    records: list[dict] = []
+    forward_bytes: list[int] = []
+    with C10dInterposer(recorder):
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        if sync_impl == "accelerate":
+            sync = LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=k, enabled=k > 0)
+        elif k > 0:
+            sync = TorchAveragerSync(model, k)
+        else:
+            sync = LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=k, enabled=False)
+        dist.barrier()  # counted under "setup": start the timed loop together
+        recorder.set_step(0)
+        with sync:
+            for it in range(iterations):
+                recorder.set_step(it)
+                metered = it < train.memory_steps * case.grad_accum
+                meter = forward_meter(model) if metered and forward_meter is not None else nullcontext()
+                t0 = time.perf_counter()
+                with accelerator.accumulate(model):
+                    with meter:
+                        loss = model(input_ids=batches[it], labels=batches[it]).loss
+                    with recorder.phase("backward"):
+                        accelerator.backward(loss)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+                t1 = time.perf_counter()
+                divergence = (None, None)
+                syncing = _will_sync(sync, k)
+                if syncing:
+                    with recorder.paused():
+                        divergence = param_divergence(model, world)
+                t2 = time.perf_counter()
+                with recorder.phase("sync"):
+                    sync.step()
+                t3 = time.perf_counter()
+                events = [e for e in recorder.events if e["step"] == it]
+                sync_s = (t3 - t2) if syncing else _ddp_tail_wait(events)
+                if metered and forward_meter is not None:
+                    forward_bytes.append(meter.result())
+                records.append({
+                    "iteration": it,
+                    "optimizer_step": bool(accelerator.sync_gradients),
+                    "warmup": it < train.warmup_steps * case.grad_accum,
+                    "metered": metered,
+                    "loss": loss.item(),
+                    "step_s": (t1 - t0) + (t3 - t2),
+                    "synced": syncing,
+                    "sync_s": sync_s,
+                    "divergence": divergence[0],
+                    "divergence_rel": divergence[1],
+                    **recorder.totals(it),
+                    "ops": recorder.summary(it),
+                })
+            recorder.set_step("exit")
+            exit_div = (None, None)
+            if k > 0:
+                with recorder.paused():
+                    exit_div = param_divergence(model, world)
+            t_exit = time.perf_counter()
+        exit_s = time.perf_counter() - t_exit
+        recorder.set_step("eval")
+        with recorder.paused():
+            final_div = param_divergence(model, world)
+        unwrapped = accelerator.unwrap_model(model)
+        with torch.no_grad():
+            eval_loss = unwrapped(input_ids=eval_batch, labels=eval_batch).loss.item()
+
+    loop_keys = list(range(iterations)) + ["exit"]
+    total_ops: dict[str, dict] = {}
+    for key in loop_keys:
+        for op, row in recorder.summary(key).items():
+            acc = total_ops.setdefault(op, {"count": 0, "payload_bytes": 0, "bus_bytes": 0.0, "comm_s": 0.0})
+            for field in acc:
+                acc[field] += row[field]
+    sync_records = [r["sync_s"] for r in records if r["synced"]]
+    if k > 0:
+        sync_records.append(exit_s)
+    return {
+        "rank": rank,
+        "world_size": world,
+        "backend": dist.get_backend(),
+        "sync_impl": sync_impl if k > 0 else "ddp",
+        "param_bytes": param_bytes,
+        "grad_bytes": grad_bytes,
+        "n_param_tensors": len(params),
+        "optimizer_steps": opt_steps,
+        "iterations": iterations,
+        "steps": records,
+        "setup": {**recorder.totals("setup"), "ops": recorder.summary("setup")},
+        "exit": {**recorder.totals("exit"), "ops": recorder.summary("exit"), "sync_s": exit_s,
+                 "divergence": exit_div[0], "divergence_rel": exit_div[1]},
+        "total": {
+            "collectives": sum(r["count"] for r in total_ops.values()),
+            "payload_bytes": sum(r["payload_bytes"] for r in total_ops.values()),
+            "bus_bytes": sum(r["bus_bytes"] for r in total_ops.values()),
+            "comm_s": sum(r["comm_s"] for r in total_ops.values()),
+            "ops": total_ops,
+        },
+        "syncs": len(sync_records),
+        "sync_s": sync_records,
+        "final_loss": records[-1]["loss"],
+        "eval_loss": eval_loss,
+        "final_divergence": final_div[0],
+        "forward_live_bytes": forward_bytes,
+        "comm_meter": "c10d-autograd-kernel",
+        "memory_meter": getattr(forward_meter, "__name__", str(forward_meter)),
+    }
+
