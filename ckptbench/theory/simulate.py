@@ -108,6 +108,9 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
         model.to_empty(device="cpu")
+        # to_empty gives each module's parameter its own storage, which unties a tied LM head from the
+        # embedding (two V·h tensors where the real model has one): tie them again as transformers does
+        model.tie_weights()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         init_adamw_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
