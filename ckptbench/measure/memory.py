@@ -70,6 +70,10 @@ class CpuMemoryProbe:
         tr.reset_peak()
         tr.__enter__()
 
+    def set_phase(self, phase: str) -> None:
+        """Name what the step does from now on; the peak remembers the name it was reached under."""
+        self.tracker.phase = phase
+
     def _on_grad(self, p: torch.Tensor) -> None:
         if p.grad is not None:
             self.tracker.recategorize(p.grad, "grads")
@@ -94,6 +98,7 @@ class CpuMemoryProbe:
             activations_after_forward_bytes=af["total"] - self.params_bytes - self.optimizer_bytes,
             peak_bytes=tr.peak,
             peak_breakdown=dict(tr.peak_breakdown),
+            extra={"peak_phase": tr.peak_phase},
         )
 
 
@@ -122,6 +127,9 @@ class CudaMemoryProbe:
         self.base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         _reset_host_peak()
+
+    def set_phase(self, phase: str) -> None:
+        """The allocator's peak has no time stamp: naming its phase would need a synchronise per phase."""
 
     def mark_after_forward(self) -> None:
         torch.cuda.synchronize(self.device)

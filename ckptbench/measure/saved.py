@@ -52,9 +52,11 @@ class SavedTensorCounter:
     - ``checkpoint``: handed to the checkpoint hook, which keeps a placeholder and recomputes later.
     """
 
-    def __init__(self, serials: StorageSerials, param_keys: set[int]):
+    def __init__(self, serials: StorageSerials, param_keys: set[int], layer_of=None):
         self.serials = serials
         self.param_keys = param_keys
+        self.layer_of = layer_of  # () -> index of the decoder layer whose forward is running, or None
+        self.checkpoint_layers: set[int] = set()  # layers inside which torch's checkpoint hook packed
         self.entries: dict[int, SavedEntry] = {}
         self.active = False
         self._orig_push = None
@@ -62,6 +64,8 @@ class SavedTensorCounter:
     def _record(self, kind: str, t: torch.Tensor) -> None:
         if not self.active or not isinstance(t, torch.Tensor):
             return
+        if kind == "checkpoint" and self.layer_of is not None and self.layer_of() is not None:
+            self.checkpoint_layers.add(self.layer_of())
         key = self.serials(t)
         if key is None:
             return
@@ -132,19 +136,30 @@ class SavedTensorCounter:
 
 
 class LayerProbe:
-    """Per decoder layer: the storage of its input hidden states, and whether backward re-ran it."""
+    """Per decoder layer: the storage of its input hidden states, whether backward re-ran it, and when
+    its backward began.
 
-    def __init__(self, serials: StorageSerials, layers: list[torch.nn.Module]):
+    Backward reaches layer i when the gradient of layer i+1's input (the last layer: of its output) is
+    complete; a tensor hook on that hidden state says so to ``on_phase`` (``backward-layer-i``, and
+    ``backward-embedding`` after layer 0), so the memory probe can name the moment of its peak.  The
+    hooks only observe: they return nothing and keep no tensor alive.
+    """
+
+    def __init__(self, serials: StorageSerials, layers: list[torch.nn.Module], on_phase=None):
         self.serials = serials
         self.layers = layers
+        self.on_phase = on_phase
         self.input_keys: dict[int, int] = {}
         self.recomputed: set[int] = set()
+        self.current: int | None = None  # the layer whose forward runs now (the first forward only)
         self.in_backward = False
         self._handles = []
 
     def __enter__(self) -> LayerProbe:
         for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
+            if i == len(self.layers) - 1:
+                self._handles.append(layer.register_forward_hook(self._output_hook(i)))
             for child in layer.children():
                 self._handles.append(child.register_forward_pre_hook(self._rerun_hook(i)))
         return self
@@ -158,8 +173,10 @@ class LayerProbe:
         def hook(module, args, kwargs):
             if self.in_backward:
                 return None
+            self.current = i
             hidden = args[0] if args else kwargs.get("hidden_states")
             if isinstance(hidden, torch.Tensor):
+                self._announce(hidden, f"backward-layer-{i - 1}" if i else "backward-embedding")
                 key = self.serials(hidden)
                 if key is not None:
                     # the first forward's input: with gradient accumulation later micro-batches run
@@ -168,6 +185,27 @@ class LayerProbe:
             return None
 
         return hook
+
+    def _output_hook(self, i: int):
+        def hook(module, args, output):
+            if not self.in_backward:
+                hidden = output[0] if isinstance(output, tuple) else output
+                if isinstance(hidden, torch.Tensor):
+                    self._announce(hidden, f"backward-layer-{i}")
+            return None
+
+        return hook
+
+    def _announce(self, hidden: torch.Tensor, phase: str) -> None:
+        """When `hidden`'s gradient is complete, backward enters `phase`."""
+        if self.on_phase is None or not hidden.requires_grad:
+            return
+        on_phase = self.on_phase
+
+        def hook(grad):
+            on_phase(phase)
+
+        hidden.register_hook(hook)
 
     def _rerun_hook(self, i: int):
         def hook(module, args):

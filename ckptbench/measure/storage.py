@@ -73,6 +73,10 @@ class LiveStorageTracker(TorchDispatchMode):
         self.total = 0
         self.peak = 0
         self.peak_breakdown = dict(self.by_category)
+        # what the step is doing now (set by the caller: forward, backward-layer-3, optimizer ...) and
+        # what it was doing when the peak was reached: the moment a prediction must name too
+        self.phase = ""
+        self.peak_phase = ""
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
@@ -92,6 +96,7 @@ class LiveStorageTracker(TorchDispatchMode):
         if self.total > self.peak:
             self.peak = self.total
             self.peak_breakdown = dict(self.by_category)
+            self.peak_phase = self.phase
 
     def recategorize(self, tensor: torch.Tensor, category: str) -> None:
         self.track(tensor, category)
@@ -111,6 +116,7 @@ class LiveStorageTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.total
         self.peak_breakdown = dict(self.by_category)
+        self.peak_phase = self.phase
 
     # -- dispatch -----------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

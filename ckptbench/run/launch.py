@@ -201,6 +201,7 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "collectives_per_step": s["collectives_per_rank"][0] / steps,
         "collectives_per_sync": s["collectives_per_sync"],
         "syncs": s["syncs"],
+        "syncs_observed": s["syncs_observed"],
         "sync_time_s": sync_time,
         "losses": [mean_loss(g) for g in groups],
         "loss_per_rank": [[mean_loss(g) for g in per_optimizer_step(r["steps"])] for r in data["ranks"]],

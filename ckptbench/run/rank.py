@@ -42,6 +42,7 @@ def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
         "collectives_per_rank": [r["total"]["collectives"] for r in ranks],
         "allreduce_count": ar["count"],
         "syncs": syncs,
+        "syncs_observed": r0["syncs_observed"],
         "collectives_per_sync": (sum(s["collectives"] for s in r0["steps"] if s["synced"])
                                  + r0["exit"]["collectives"]) / syncs if syncs else None,
         "sync_s_mean": sum(r0["sync_s"]) / len(r0["sync_s"]) if r0["sync_s"] else None,

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..measure.flops import FlopCounter
 from ..measure.memory import probe_for
 from ..measure.nvml import NvmlDevice
 from ..measure.saved import LayerProbe, SavedTensorCounter
@@ -41,28 +42,40 @@ def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
     probe = probe_for(batch.device, model, optimizer, [batch])
     serials = StorageSerials()
     param_keys = {serials(p) for p in model.parameters()}
-    counter = SavedTensorCounter(serials, param_keys)
-    layer_probe = LayerProbe(serials, layers)
+    layer_probe = LayerProbe(serials, layers, on_phase=probe.set_phase)
+    counter = SavedTensorCounter(serials, param_keys, layer_of=lambda: layer_probe.current)
+    flops = FlopCounter()
     with layer_probe:
         probe.start()
         try:
-            for micro in range(case.grad_accum):
-                with counter if micro == 0 else nullcontext():
-                    loss = forward_loss(model, batch, case.grad_accum)
-                if micro == 0:
-                    probe.mark_after_forward()
-                layer_probe.in_backward = True
-                loss.backward()
-                layer_probe.in_backward = False
-                del loss
-            optimizer.step()
+            with flops:
+                for micro in range(case.grad_accum):
+                    probe.set_phase("forward")
+                    flops.phase = "forward"
+                    with counter if micro == 0 else nullcontext():
+                        loss = forward_loss(model, batch, case.grad_accum)
+                    if micro == 0:
+                        probe.mark_after_forward()
+                    probe.set_phase("backward-head")
+                    flops.phase = "backward"
+                    layer_probe.in_backward = True
+                    loss.backward()
+                    layer_probe.in_backward = False
+                    del loss
+                probe.set_phase("optimizer")
+                flops.phase = "optimizer"
+                optimizer.step()
         finally:
             probe.stop()  # before zero_grad: the CUDA probe reads the gradients it sizes
         optimizer.zero_grad(set_to_none=True)
     out = probe.result().to_dict()
     out["memory_probe"] = probe.kind
-    out.update(counter.summary(layer_probe.keys_of(case.checkpointed_layers)))
+    # what torch's checkpoint really packed, layer by layer: never what the setting says it should
+    checkpointed = sorted(counter.checkpoint_layers)
+    out.update(counter.summary(layer_probe.keys_of(checkpointed)))
+    out["checkpointed_layers"] = checkpointed
     out["recomputed_layers"] = sorted(layer_probe.recomputed)
+    out.update(flops.result())
     return out
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..spec import DTYPES, Case
+from . import flops
 from .comm import comm_estimate
 from .estimate import Estimate, estimate_case
 from .params import param_count
@@ -22,9 +23,11 @@ class Tolerances:
     """Allowed relative error |measured − estimated| / estimated per quantity; 0 means exact.
 
     Params, optimizer state, checkpointed inputs and offloaded bytes are counts of known tensors and must
-    be exact.  Activations after forward are exact on CPU today (see the tests); 5% leaves room for
-    kernel changes.  The peak depends on transient gradient buffers inside a layer's backward that the
-    model only approximates, hence 15%.  CUDA adds allocator rounding and library workspaces.
+    be exact.  On CPU the estimate models every moment of the step (:mod:`.backward`), and the grid in
+    ``tests/unit/test_peak_grid.py`` holds it within 1 % of the simulated step from 64 to 4096 tokens, so
+    5 % for the peak and for each of its parts (judged at the phase the measured peak fell in) leaves room
+    for kernel changes.  CUDA adds allocator rounding, library workspaces and kernels whose saved tensors
+    differ (flash attention), and its allocator cannot say what a block is for: no part is judged there.
     """
 
     params: float = 0.0
@@ -32,8 +35,9 @@ class Tolerances:
     activations_after_forward: float = 0.05
     mem_after_forward: float = 0.05
     saved: float = 0.05
-    peak: float = 0.15
-    peak_component: float = 0.25  # of the whole estimated peak, see judge
+    peak: float = 0.05
+    peak_grads: float = 0.05
+    peak_activations: float = 0.05
     checkpointed_input: float = 0.0
     offloaded: float = 0.0
 
@@ -41,7 +45,7 @@ class Tolerances:
     def for_device(cls, device: str) -> Tolerances:
         if device == "cuda":
             return cls(params=0.01, optimizer=0.01, activations_after_forward=0.10, mem_after_forward=0.10,
-                       saved=0.05, peak=0.20, peak_component=0.30)
+                       saved=0.05, peak=0.20, peak_grads=0.10, peak_activations=0.20)
         return cls()
 
 
@@ -59,21 +63,14 @@ class Check:
         return asdict(self)
 
 
-def judge(quantity: str, measured, estimated, tol: float = 0.0, whole: int | None = None) -> Check:
-    """One quantity's verdict; a missing measurement is ``skip``, never ``pass``.
-
-    Without `whole`: |measured/estimated - 1| <= tol, or equality when tol is 0.  With `whole` (a part of
-    the peak): |measured - estimated| <= tol x whole.  Where two moments of a step come within a few
-    percent of each other (end of forward vs the first layer's backward), the measured peak can land on
-    the other one, and its parts move between activations and grads while the total barely changes.
-    """
+def judge(quantity: str, measured, estimated, tol: float = 0.0) -> Check:
+    """One quantity's verdict: |measured/estimated - 1| <= tol, or equality when tol is 0; a missing
+    measurement is ``skip``, never ``pass``."""
     if measured is None:
         return Check(quantity, None, estimated, None, tol, "skip", None)
     diff = measured - estimated
     ratio = measured / estimated if estimated else (1.0 if measured == 0 else None)
-    if whole is not None:
-        ok = abs(diff) <= tol * whole
-    elif tol == 0:
+    if tol == 0:
         ok = diff == 0
     else:
         ok = ratio is not None and abs(ratio - 1.0) <= tol
@@ -85,7 +82,8 @@ def check(case: Case, measurement: dict, est: Estimate | None = None,
     """Compare a harness measurement with the estimate, quantity by quantity.
 
     A key missing from the measurement gives verdict ``skip`` (never ``pass``): a probe that could not
-    measure something must not look like agreement.
+    measure something must not look like agreement.  The parts of the peak are judged at the moment the
+    measurement says its peak happened (``peak_phase``), each against its own estimate at that moment.
     """
     est = est or estimate_case(case)
     tol = tolerances or Tolerances.for_device(case.device)
@@ -94,33 +92,75 @@ def check(case: Case, measurement: dict, est: Estimate | None = None,
         judge("params_bytes", m.get("params_bytes"), est.params_bytes, tol.params),
         judge("optimizer_bytes", m.get("optimizer_bytes"), est.optimizer_bytes, tol.optimizer),
         judge("mem_after_forward_bytes", m.get("mem_after_forward_bytes"), est.mem_after_forward_bytes,
-                 tol.mem_after_forward),
+              tol.mem_after_forward),
         judge("activations_after_forward_bytes", m.get("activations_after_forward_bytes"),
-                 est.activations_after_forward_bytes, tol.activations_after_forward),
+              est.activations_after_forward_bytes, tol.activations_after_forward),
         judge("peak_bytes", m.get("peak_bytes"), est.peak_bytes, tol.peak),
         judge("saved_bytes", m.get("saved_bytes"), est.saved_bytes, tol.saved),
         judge("checkpointed_input_bytes", m.get("checkpointed_input_bytes"), est.checkpointed_input_bytes,
-                 tol.checkpointed_input),
+              tol.checkpointed_input),
         judge("offloaded_bytes", m.get("offloaded_bytes"), est.offloaded_bytes, tol.offloaded),
+        *phase_checks(m, est, tol),
+        *flop_checks(case, m),
+        same_layers("checkpointed_layers", m.get("checkpointed_layers"), est.checkpointed_layers),
+        same_layers("recomputed_layers", m.get("recomputed_layers"), est.recomputed_layers),
     ]
+    return out
+
+
+def flop_checks(case: Case, m: dict) -> list[Check]:
+    """FLOPs torch's counter saw on the memory step against the formula (exact: both count matmuls and
+    attention kernels from shapes, so any difference is a term the formula gets wrong)."""
+    counted = m.get("counted_flops")
+    tokens = case.batch_size * case.seq_len * case.grad_accum
+    n_ckpt = len(case.checkpointed_layers)
+    hardware = int(flops.hardware_flops_per_token(case.model, case.seq_len, n_ckpt) * tokens)
+    recompute = int(flops.recompute_flops_per_token(case.model, case.seq_len, n_ckpt) * tokens)
+    if counted is None:
+        return [judge("hardware_flops", None, hardware), judge("recompute_flops", None, recompute)]
+    total = counted["forward"] + counted["backward"] + counted["recompute"]
+    return [judge("hardware_flops", total, hardware), judge("recompute_flops", counted["recompute"], recompute)]
+
+
+def same_layers(quantity: str, observed, expected) -> Check:
+    """A list of layer indices seen at run time against the list the setting implies (exact)."""
+    expected = sorted(expected)
+    if observed is None:
+        return Check(quantity, None, expected, None, 0.0, "skip", None)
+    same = sorted(observed) == expected
+    return Check(quantity, sorted(observed), expected, 1.0 if same else 0.0, 0.0, "pass" if same else "fail",
+                 None if same else sorted(set(observed) ^ set(expected)))
+
+
+def phase_checks(m: dict, est: Estimate, tol: Tolerances) -> list[Check]:
+    """When the peak happened, and what was live then, part by part.
+
+    ``peak_phase`` passes when the measured peak fell in the phase the estimate names, or in one the
+    estimate puts within the peak tolerance of its own peak (two moments that close may swap); a phase
+    the estimate does not model at all fails.  The grads and activations of the measured peak are then
+    judged against the estimate *of that phase*, each with its own tolerance.
+    """
+    measured = m.get("peak_phase")
+    if not measured:
+        return [Check("peak_phase", None, est.peak_phase, None, tol.peak, "skip", None)]
+    at = est.phases.get(measured)
+    if at is None:
+        return [Check("peak_phase", measured, est.peak_phase, None, tol.peak, "fail",
+                      f"the estimate has no phase {measured!r}")]
+    ratio = at["total"] / est.peak_bytes
+    ok = measured == est.peak_phase or ratio >= 1 - tol.peak
+    out = [Check("peak_phase", measured, est.peak_phase, ratio, tol.peak, "pass" if ok else "fail",
+                 None if ok else f"the estimate puts {measured} at {ratio:.3f} of its peak")]
     breakdown = m.get("peak_breakdown") or {}
-    for part in ("params", "grads", "optimizer", "activations"):
-        out.append(judge(f"peak_breakdown.{part}", breakdown.get(part), est.peak_breakdown[part],
-                         tol.peak_component, whole=est.peak_bytes))
-    rec = m.get("recomputed_layers")
-    if rec is None:
-        out.append(Check("recomputed_layers", None, est.recomputed_layers, None, 0.0, "skip", None))
-    else:
-        same = sorted(rec) == est.recomputed_layers
-        out.append(Check("recomputed_layers", list(rec), est.recomputed_layers, 1.0 if same else 0.0, 0.0,
-                         "pass" if same else "fail",
-                         None if same else sorted(set(rec) ^ set(est.recomputed_layers))))
+    for part, part_tol in (("grads", tol.peak_grads), ("activations", tol.peak_activations)):
+        out.append(judge(f"peak_breakdown.{part}", breakdown.get(part), at[part], part_tol))
     return out
 
 
 ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_forward_bytes",
                  "activations_after_forward_bytes", "peak_bytes", "saved_bytes", "checkpointed_input_bytes",
-                 "offloaded_bytes", "host_bytes", "peak_phase", "peak_breakdown", "recomputed_layers")
+                 "offloaded_bytes", "host_bytes", "peak_phase", "peak_breakdown", "checkpointed_layers",
+                 "recomputed_layers")
 
 
 def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
@@ -132,7 +172,8 @@ def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
                         n_param_tensors=n_params.n_tensors, sync_impl=case.sync_impl)
     checks = [
         judge("comm_payload_bytes", m.get("comm_payload_bytes"), est["allreduce_payload_bytes"]),
-        judge("syncs", m.get("syncs"), est["syncs"]),
+        # averaging rounds seen at c10d, not the loop's own count (which follows the same rule as the formula)
+        judge("syncs", m.get("syncs_observed"), est["syncs"]),
         judge("params_bytes", m.get("params_bytes"), param_bytes),
     ]
     if case.local_sgd_steps > 0:  # DDP's bucket count depends on bucket_cap_mb, not a formula
@@ -140,8 +181,27 @@ def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
     return est, checks
 
 
+def gates(m: dict) -> dict[str, int]:
+    """Conditions that make a measurement worthless whatever it says (not predictions): steps whose loss
+    was NaN or inf.  A failed gate fails the record; a passed one proves nothing about the estimate."""
+    losses = m.get("losses")
+    if losses is None:
+        return {}
+    return {"nonfinite_losses": sum(1 for x in losses if x is None or not math.isfinite(x))}
+
+
+def verdict(checks: list[Check], gate_values: dict[str, int]) -> str:
+    """``fail`` on any failed check or gate, ``pass`` when at least one check was judged and none failed,
+    ``unchecked`` when nothing was judged (every check skipped): never a pass by default."""
+    verdicts = {c.verdict for c in checks}
+    if "fail" in verdicts or any(gate_values.values()):
+        return "fail"
+    return "pass" if "pass" in verdicts else "unchecked"
+
+
 def annotate_record(case: Case, record: dict) -> None:
-    """Add ``estimate``, ``checks`` and ``verdict`` (pass / fail / skip) to a record in place."""
+    """Add ``estimate``, ``checks``, ``gates`` and ``verdict`` (pass / fail / unchecked; skip when the
+    point did not run) to a record in place."""
     if record["status"] != "ok":
         record["verdict"] = "skip"
         return
@@ -154,10 +214,6 @@ def annotate_record(case: Case, record: dict) -> None:
         full = est_obj.to_dict()
         record["estimate"] = {k: full[k] for k in ESTIMATE_KEYS if k in full}
         checks = check(case, m, est_obj)
-    losses = m.get("losses")
-    if losses is not None:  # a step that produced NaN/inf measured nothing worth comparing
-        bad = sum(1 for x in losses if x is None or not math.isfinite(x))
-        checks.append(judge("nonfinite_losses", bad, 0))
     record["checks"] = [c.to_dict() for c in checks]
-    verdicts = {c.verdict for c in checks}
-    record["verdict"] = "fail" if "fail" in verdicts else ("pass" if "pass" in verdicts else "skip")
+    record["gates"] = gates(m)
+    record["verdict"] = verdict(checks, record["gates"])

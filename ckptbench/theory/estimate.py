@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..spec import Case, ModelSpec, checkpointed_layers
 from .activations import head_activation_terms, layer_activation_terms, not_saved_head_terms
+from .backward import layer_moments
 from .params import param_count
 from .units import FP32, INT64
 
@@ -41,12 +42,12 @@ class Estimate:
     saved_bytes: int
     mem_after_forward_bytes: int
     peak_bytes: int
-    peak_phase: str
+    peak_phase: str  # forward | backward-head | backward-layer-<i> | optimizer
     peak_breakdown: dict = field(default_factory=dict)
     host_bytes: int = 0
     layer_terms: dict = field(default_factory=dict)
     head_terms: dict = field(default_factory=dict)
-    phases: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)  # phase -> {params, grads, optimizer, activations, total}
 
     @property
     def recomputed_layers(self) -> list[int]:
@@ -64,14 +65,17 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     """Memory of one AdamW training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
-    Peak: the largest of four phases, walked in order —
+    Peak: the largest moment of the step, phase by phase in the order they happen (each phase's
+    activations and gradients at its largest moment are kept in ``phases``; a measurement names the
+    phase its own peak fell in, and its parts are judged against that phase's) —
       ``forward`` the loss is being computed: logits (B·N·V), their fp32 copy in 16-bit models and the
       padded labels are transient on top of what is kept;
-      ``backward-head`` nll and log-softmax backward hold two fp32 N·V gradients beside everything kept;
-      ``backward-layers`` layer by layer from the last: kept activations of the layers not yet done,
-      the layer being differentiated at full size (recomputed if checkpointed; with offload its input
-      comes back to the device), grads accumulated so far plus this layer's, and a few N·h / N·i
-      gradient temporaries;
+      ``backward-head`` nll and log-softmax backward hold two fp32 N·V gradients beside everything kept,
+      then the LM head's backward holds its h·V weight gradient;
+      ``backward-layer-<i>`` layer by layer from the last: what the layers below still keep, this
+      layer's saved tensors (recomputed first if checkpointed; with offload its input comes back to the
+      device), and the moments of its own backward (:mod:`.backward`: the MLP's gradients, eager
+      attention's a·s² gradients), with exactly the parameter gradients accumulated by then;
       ``optimizer`` params + grads + state + AdamW temporaries: two copies of the largest tensor on CPU
       (single-tensor ``exp_avg_sq.sqrt() / bc``), one full copy of the params on CUDA (foreach sqrt).
     With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
@@ -79,7 +83,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     pc = param_count(spec)
     B = spec.bytes_per_element
     N = batch * seq
-    h, V, i = spec.hidden, spec.vocab, spec.intermediate
+    h, V = spec.hidden, spec.vocab
     params = pc.total * B + pc.buffers_bytes
     grads = pc.total * B
     # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter.
@@ -106,48 +110,52 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     # --- peak, phase by phase (device side) ---
     g0 = grads if grad_accum > 1 else 0
-    phases: dict[str, tuple[int, int, int]] = {}  # phase -> (activations, grads, total)
+    phases: dict[str, tuple[int, int]] = {}  # phase -> (activations, grads) at its largest moment
 
-    def put(name: str, a: int, g: int) -> None:
-        phases[name] = (a, g, static + a + g)
+    def put(name: str, acts_now: int, grads_now: int) -> None:
+        if name not in phases or acts_now + grads_now > sum(phases[name]):
+            phases[name] = (acts_now, grads_now)
 
     logits_tmp = B * N * V + (FP32 * N * V if B != FP32 else 0) + INT64 * batch * (seq + 1)
     put("forward", dev_acts + logits_tmp, g0)
+    # the loss's backward: nll and log-softmax hold two fp32 N·V gradients beside everything kept
     put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0)
-    # after the head: log-softmax, labels and final norm are gone, lm_head (or the tied embedding) has a grad
+    # the LM head's backward: the gradient into the final norm's output (B·N·h) and the head's weight
+    # gradient (B·h·V, an activation until it is accumulated) replace the fp32 log-softmax gradient; a
+    # 16-bit model's logits gradient (B·N·V) is freed with its fp32 copy's
+    put("backward-head", dev_acts + B * N * h + B * h * V - INT64 * N - (FP32 - B) * N * V, g0)
+    # after the head: log-softmax, labels and final norm are gone; lm_head (or the tied embedding) and the
+    # final norm have their grads
     a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"]
-    g = g0 + (V * h * B if grad_accum == 1 else 0)
+    g = g0 + ((V * h + pc.final_norm) * B if grad_accum == 1 else 0)
     layer_params = pc.per_layer * B
-    temps = 2 * B * N * h + 2 * B * N * i
-    best_layer = (0, 0, -1)
+    moments = {ck: layer_moments(spec, batch, seq, ck) for ck in (False, True)}
     for idx in reversed(range(spec.layers)):
-        kept = ckpt_input if idx in ckpt else layer_full
-        if idx in ckpt and moved:
+        checkpointed = idx in ckpt
+        kept = ckpt_input if checkpointed else layer_full
+        start = a
+        if checkpointed and moved:
             kept = 0  # it lives on the host; the unpack brings it back for the recompute
-        during = a - kept + layer_full + temps
-        gl = g + (layer_params if grad_accum == 1 else 0)
-        if static + during + gl > best_layer[2]:
-            best_layer = (during, gl, static + during + gl)
+            start += ckpt_input
+        grad_in, deltas = moments[checkpointed]
+        for delta, layer_grads in deltas:
+            put(f"backward-layer-{idx}", start + grad_in + delta, g + (layer_grads if grad_accum == 1 else 0))
         a -= kept
-        g = gl
-    phases["backward-layers"] = best_layer
-    emb = pc.embedding + pc.position
-    g_full = grads
+        g += layer_params if grad_accum == 1 else 0
     opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
-    put("optimizer", opt_tmp, g_full)
-    del emb
-    peak_phase = max(phases, key=lambda k: phases[k][2])
-    pa, pg, ptotal = phases[peak_phase]
+    put("optimizer", opt_tmp, grads)
+    parts = {name: {"params": params, "grads": gr, "optimizer": optimizer, "activations": ac,
+                    "total": static + ac + gr} for name, (ac, gr) in phases.items()}
+    peak_phase = max(parts, key=lambda k: parts[k]["total"])
     return Estimate(
         model=spec.label, family=spec.family, dtype=spec.dtype, attn=spec.attn, batch=batch, seq=seq,
         every_n_layers=every_n_layers, offload=offload, grad_accum=grad_accum, n_params=pc.total,
         params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, checkpointed_layers=tuple(ckpt),
         layer_full_bytes=layer_full, checkpointed_input_bytes=checkpointed_input, offloaded_bytes=offloaded,
         activations_after_forward_bytes=dev_acts, saved_bytes=saved, mem_after_forward_bytes=after_forward,
-        peak_bytes=ptotal, peak_phase=peak_phase,
-        peak_breakdown={"params": params, "grads": pg, "optimizer": optimizer, "activations": pa},
-        host_bytes=offloaded, layer_terms=lt, head_terms=ht,
-        phases={k: v[2] for k, v in phases.items()},
+        peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
+        peak_breakdown={k: v for k, v in parts[peak_phase].items() if k != "total"},
+        host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts,
     )
 
 

@@ -17,10 +17,19 @@ Convention (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token
   compares with published numbers.  ``causal_halving=True`` gives the count a causal kernel needs
   (T/2 keys per query on average); records store the attention term separately so either can be drawn.
 
-Hardware FLOPs (HFU) add what checkpointing makes the device do again: one more forward of each
-checkpointed layer during backward, ``2·N_layer + 4·H·Q·T`` per token per layer.  The ideal recompute
-ratio ``1 + recomputed forward / (forward + backward)`` is the step-time ratio checkpointing would cost
-if every FLOP ran at the same rate; the report draws it beside the measured ratio.
+Hardware FLOPs (HFU) add what the device really does beyond that, as torch's own FLOP counter sees it
+on the memory step (``counted_flops`` in every record, checked against this formula exactly):
+
+- the recomputation of each checkpointed layer during backward: its forward *except its last op*.
+  Non-reentrant checkpoint stops recomputing once every tensor backward needs is back, and the layer's
+  last matmul (Llama's ``down_proj``, GPT-2's ``mlp.c_proj``, h·i weights) produces nothing that is
+  saved, so it is not run again: ``2·(N_layer − h·i) + 4·H·Q·T`` per token per layer;
+- with sdpa, the flash kernel's backward recomputes the attention scores: five matmuls where eager
+  attention's backward has four, half a forward attention more per layer.
+
+The ideal recompute ratio is hardware FLOPs with checkpointing over hardware FLOPs without: the
+step-time ratio checkpointing would cost if every FLOP ran at the same rate; the report draws it beside
+the measured ratio.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ class FlopModel:
     """The counts the formulas need, taken from a ModelSpec once."""
 
     layer_matmul_params: int  # weights of one decoder layer's matmuls
+    last_matmul_params: int  # the layer's last matmul (MLP down projection), never recomputed
     head_matmul_params: int  # LM head (hidden × vocab)
     layers: int
     heads: int
@@ -68,7 +78,7 @@ def flop_model(spec: ModelSpec) -> FlopModel:
     else:
         # llama / qwen2: q and o are h × h, k and v are h × (kv_heads·head_dim); SwiGLU has 3 matrices
         layer = 2 * h * h + 2 * h * spec.kv_heads * hd + 3 * h * spec.intermediate
-    return FlopModel(layer, h * spec.vocab, spec.layers, spec.heads, hd)
+    return FlopModel(layer, h * spec.intermediate, h * spec.vocab, spec.layers, spec.heads, hd)
 
 
 def attention_forward_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = False) -> float:
@@ -85,17 +95,36 @@ def model_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = Fals
 
 def recompute_flops_per_token(spec: ModelSpec, seq: int, checkpointed_layers: int,
                               causal_halving: bool = False) -> float:
-    """One more forward of each checkpointed layer during backward (the LM head is never recomputed)."""
+    """The recomputed forward of each checkpointed layer, stopped before its last matmul (the LM head is
+    never recomputed)."""
     fm = flop_model(spec)
-    per_layer = 2 * fm.layer_matmul_params + attention_forward_flops_per_token(spec, seq, causal_halving)
+    matmuls = fm.layer_matmul_params - fm.last_matmul_params
+    per_layer = 2 * matmuls + attention_forward_flops_per_token(spec, seq, causal_halving)
     return checkpointed_layers * per_layer
+
+
+def flash_backward_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = False) -> float:
+    """sdpa's backward recomputes the scores (QKᵀ) from the saved log-sum-exp: half a forward attention
+    per layer beyond the 2× backward of the PaLM count; eager attention keeps the probabilities."""
+    if spec.attn != "sdpa":
+        return 0.0
+    return spec.layers * attention_forward_flops_per_token(spec, seq, causal_halving) / 2
+
+
+def hardware_flops_per_token(spec: ModelSpec, seq: int, checkpointed_layers: int,
+                             causal_halving: bool = False) -> float:
+    """What the device runs per token: model FLOPs, the recomputation, and flash attention's extra."""
+    return (model_flops_per_token(spec, seq, causal_halving)
+            + recompute_flops_per_token(spec, seq, checkpointed_layers, causal_halving)
+            + flash_backward_flops_per_token(spec, seq, causal_halving))
 
 
 def ideal_recompute_ratio(spec: ModelSpec, seq: int, checkpointed_layers: int,
                           causal_halving: bool = False) -> float:
-    """Step time with checkpointing / without, if all FLOPs ran at one rate: 1 + recompute / (fwd + bwd)."""
-    return 1 + (recompute_flops_per_token(spec, seq, checkpointed_layers, causal_halving)
-                / model_flops_per_token(spec, seq, causal_halving))
+    """Step time with checkpointing / without, if all FLOPs ran at one rate: hardware FLOPs with the
+    recomputation over hardware FLOPs without it."""
+    return (hardware_flops_per_token(spec, seq, checkpointed_layers, causal_halving)
+            / hardware_flops_per_token(spec, seq, 0, causal_halving))
 
 
 def peak_flops(device_name: str | None, dtype: str) -> tuple[float, str] | None:
@@ -126,15 +155,15 @@ def figures(case: Case, step_time_s: float | None, device_name: str | None = Non
     spec, seq, tokens = case.model, case.seq_len, case.tokens_per_step
     n_ckpt = len(case.checkpointed_layers)
     model_tok = model_flops_per_token(spec, seq)
-    recompute_tok = recompute_flops_per_token(spec, seq, n_ckpt)
     out = {
         "flops_convention": CONVENTION,
         "matmul_params": flop_model(spec).matmul_params,
         "model_flops_per_token": model_tok,
         "attention_flops_per_token": 3 * spec.layers * attention_forward_flops_per_token(spec, seq),
         "model_flops_per_step": model_tok * tokens,
-        "hardware_flops_per_step": (model_tok + recompute_tok) * tokens,
-        "ideal_recompute_ratio": 1 + recompute_tok / model_tok,
+        "recompute_flops_per_step": recompute_flops_per_token(spec, seq, n_ckpt) * tokens,
+        "hardware_flops_per_step": hardware_flops_per_token(spec, seq, n_ckpt) * tokens,
+        "ideal_recompute_ratio": ideal_recompute_ratio(spec, seq, n_ckpt),
     }
     table = peak_flops(device_name, spec.dtype)
     if table is not None:

@@ -135,6 +135,15 @@ def _ddp_tail_wait(events: list[dict]) -> float:
     return max(0.0, done - max(e["t_issue"] for e in reduces))
 
 
+def averagings_seen(events: list[dict]) -> int:
+    """Parameter averagings as the collectives show them: loop steps whose sync phase all-reduced, plus
+    the averaging on leaving the LocalSGD context.  Counted from c10d, not from the loop's own schedule
+    (``_will_sync``), so it can disagree with the formula."""
+    steps = {e["step"] for e in events if e["op"] == "allreduce" and e["phase"] == "sync"}
+    on_exit = any(e["op"] == "allreduce" and e["step"] == "exit" for e in events)
+    return len(steps) + int(on_exit)
+
+
 def _will_sync(sync, k: int) -> bool:
     return k > 0 and (sync.num_steps + 1) % k == 0
 
@@ -279,6 +288,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
             "ops": total_ops,
         },
         "syncs": len(sync_records),
+        "syncs_observed": averagings_seen(recorder.events),
         "sync_s": sync_records,
         "final_loss": records[-1]["loss"],
         "eval_loss": eval_loss,

@@ -88,3 +88,36 @@ def test_gradient_accumulation_counts_the_first_micro_batch():
     m = measure(case)
     assert m["checkpointed_input_bytes"] == 4 * LAYER_INPUT
     assert m["recomputed_layers"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_checkpointed_layers_are_observed_not_assumed(dtype):
+    """transformers checkpoints other layers than the Case says: the probes report what really ran.
+
+    The Case asks for every layer (0-3), the model is set to every second one (0, 2).  In fp32 a layer
+    that is not checkpointed keeps its input anyway (RMSNorm saves it), so counting the *expected*
+    layers' inputs would have found all four and agreed with the estimate; what torch's checkpoint
+    packed says 0 and 2, and the checks fail as they must.
+    """
+    import torch
+
+    from ckptbench.run.worker import _memory_step
+    from ckptbench.theory.checks import check
+    from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing
+    from ckptbench.train.models import build_model, synthetic_batch
+
+    spec = preset("llama-tiny", dtype=dtype)
+    case = Case(model=spec, train=TrainSpec(steps=1), batch_size=2, seq_len=128, every_n_layers=1)
+    torch.manual_seed(0)
+    model = build_model(spec)
+    enable_checkpointing(model, 2, offload=False)  # not what the Case says
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = synthetic_batch(spec.vocab, 2, 128, seed=0)
+    m = _memory_step(case, model, optimizer, batch, decoder_layers(model))
+    layer_input = 2 * 128 * 64 * spec.bytes_per_element
+    assert m["checkpointed_layers"] == [0, 2] and m["recomputed_layers"] == [0, 2]
+    assert m["checkpointed_input_bytes"] == 2 * layer_input
+    by = {c.quantity: c for c in check(case, m)}
+    assert by["checkpointed_layers"].verdict == "fail" and by["checkpointed_layers"].difference == [1, 3]
+    assert by["checkpointed_input_bytes"].verdict == "fail"
+    assert by["checkpointed_input_bytes"].estimated == 4 * layer_input

@@ -81,6 +81,7 @@ def test_allreduce_payload_and_count_equal_the_estimate(accelerate_runs, param_b
         assert ar["count"] == est["allreduce_count"]
         assert rank["total"]["ops"].get("barrier", {}).get("count", 0) == est["barrier_count"]
         assert rank["syncs"] == est["syncs"]
+        assert rank["syncs_observed"] == est["syncs"]  # counted from the collectives, not the schedule
         # Apart from all-reduces, only DDP's buffer/bucket-index broadcasts move bytes: a few hundred.
         assert rank["total"]["payload_bytes"] - ar["payload_bytes"] < 2048
 

@@ -18,7 +18,11 @@ def test_a_real_tiny_point_passes_every_check():
     assert record["verdict"] == "pass"
     by = {c["quantity"]: c for c in record["checks"]}
     assert by["checkpointed_input_bytes"]["measured"] == 2 * 2 * 32 * 64 * 4
-    assert by["nonfinite_losses"]["measured"] == 0
+    assert record["gates"] == {"nonfinite_losses": 0}
+    # every prediction was judged against an observation, and held
+    for quantity in ("peak_bytes", "peak_phase", "peak_breakdown.grads", "peak_breakdown.activations",
+                     "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops"):
+        assert by[quantity]["verdict"] == "pass", by[quantity]
 
 
 def test_non_finite_losses_fail_the_record():
@@ -27,8 +31,16 @@ def test_non_finite_losses_fail_the_record():
     record = _record(case, measure(case))
     annotate_record(case, record)
     assert record["verdict"] == "fail"
-    failed = {c["quantity"]: c["measured"] for c in record["checks"] if c["verdict"] == "fail"}
-    assert failed.get("nonfinite_losses") == 2  # the warm-up step and the timed step
+    assert record["gates"] == {"nonfinite_losses": 2}  # the warm-up step and the timed step
+
+
+def test_a_record_with_nothing_judged_is_unchecked_not_passed():
+    # finite losses are a gate, not a prediction: with every check skipped there is nothing to pass
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    record = _record(case, {"losses": [5.5, 5.4]})
+    annotate_record(case, record)
+    assert {c["verdict"] for c in record["checks"]} == {"skip"}
+    assert record["verdict"] == "unchecked"
 
 
 def test_failed_points_are_not_checked():

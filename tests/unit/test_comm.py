@@ -80,3 +80,16 @@ def test_invalid_inputs_are_rejected():
         comm_estimate(P, P, steps=0, local_sgd_steps=4, world_size=2)
     with pytest.raises(ValueError):
         comm_estimate(P, P, steps=16, local_sgd_steps=4, world_size=2, sync_impl="nope")
+
+
+def test_averagings_are_counted_from_the_collectives_seen():
+    from ckptbench.train.localsgd import averagings_seen
+
+    def ev(step, op="allreduce", phase="sync"):
+        return {"step": step, "op": op, "phase": phase}
+
+    # two parameter tensors averaged at steps 3 and 7 (a barrier each), once more on exit; DDP's
+    # backward all-reduces and the barriers are not averagings
+    events = [ev(0, phase="backward"), ev(3), ev(3), ev(3, "barrier"), ev(7), ev(7), ev("exit", phase="")]
+    assert averagings_seen(events) == 3
+    assert averagings_seen([ev(0, phase="backward"), ev(1, phase="backward")]) == 0

@@ -145,7 +145,30 @@ def test_check_verdicts():
     assert by["activations_after_forward_bytes"].verdict == "pass"
     assert by["recomputed_layers"].verdict == "pass"
     assert by["peak_bytes"].verdict == "skip"  # missing is never a pass
-    assert by["peak_breakdown.grads"].verdict == "skip"
+    assert by["peak_phase"].verdict == "skip"  # and without a phase no part of the peak is judged
+    assert "peak_breakdown.grads" not in by
+
+
+def test_peak_parts_are_judged_at_the_measured_phase_each_on_its_own():
+    case = _case(every=1)
+    e = E.estimate_case(case)
+    at = e.phases[e.peak_phase]
+    good = {"peak_bytes": e.peak_bytes, "peak_phase": e.peak_phase,
+            "peak_breakdown": {"grads": at["grads"], "activations": at["activations"]}}
+    by = {c.quantity: c for c in check(case, good, e)}
+    assert all(by[q].verdict == "pass" for q in ("peak_phase", "peak_breakdown.grads", "peak_breakdown.activations"))
+    # grads 30 % off and activations 30 % off in opposite directions keep the total; each part fails alone
+    shift = int(0.3 * at["grads"])
+    bad = {**good, "peak_breakdown": {"grads": at["grads"] + shift, "activations": at["activations"] - shift}}
+    by = {c.quantity: c for c in check(case, bad, e)}
+    assert by["peak_bytes"].verdict == "pass"
+    assert by["peak_breakdown.grads"].verdict == "fail" and by["peak_breakdown.activations"].verdict == "fail"
+    # a peak in a phase the estimate puts far below its peak fails; one it does not model fails too
+    low = min(e.phases, key=lambda k: e.phases[k]["total"])
+    assert e.phases[low]["total"] < 0.9 * e.peak_bytes
+    assert {c.quantity: c for c in check(case, {**good, "peak_phase": low}, e)}["peak_phase"].verdict == "fail"
+    unknown = {c.quantity: c for c in check(case, {**good, "peak_phase": "backward-layer-99"}, e)}
+    assert unknown["peak_phase"].verdict == "fail"
 
 
 # --- against the real model, measured by the harness's own worker ------------------------------------

@@ -40,13 +40,22 @@ def test_model_flops_per_token_palm_convention():
 
 
 def test_recompute_and_ideal_ratio():
-    # one layer's forward per token: 2·36864 + 4·H·Q·T = 73728 + 4·4·16·32 (8192) = 81920
-    assert flops.recompute_flops_per_token(TINY, 32, 1) == 81920
-    # full (4 layers): 327680 / 1081344 = 1/3.3  -> ratio 1.30303...
-    assert flops.ideal_recompute_ratio(TINY, 32, 4) == pytest.approx(1 + 1 / 3.3)
+    # one layer's forward per token without its last matmul (down_proj, 64·128 = 8192 weights):
+    # 2·(36864 - 8192) + 4·H·Q·T = 57344 + 4·4·16·32 (8192) = 65536
+    assert flops.recompute_flops_per_token(TINY, 32, 1) == 65536
+    # full (4 layers): 262144 / 1081344  -> ratio 1.2424...
+    assert flops.ideal_recompute_ratio(TINY, 32, 4) == pytest.approx(1 + 262144 / 1081344)
     # every-2 (layers 0 and 2): half of that
-    assert flops.ideal_recompute_ratio(TINY, 32, 2) == pytest.approx(1 + 0.5 / 3.3)
+    assert flops.ideal_recompute_ratio(TINY, 32, 2) == pytest.approx(1 + 131072 / 1081344)
     assert flops.ideal_recompute_ratio(TINY, 32, 0) == 1.0
+
+
+def test_sdpa_backward_recomputes_the_scores():
+    sdpa = preset("llama-tiny", attn="sdpa")
+    # half a forward attention per layer: 4 layers · 8192 / 2
+    assert flops.flash_backward_flops_per_token(sdpa, 32) == 16384
+    assert flops.flash_backward_flops_per_token(TINY, 32) == 0
+    assert flops.hardware_flops_per_token(sdpa, 32, 0) == 1081344 + 16384
 
 
 def test_peak_table_lookup_most_specific_first():
@@ -62,13 +71,14 @@ def test_peak_table_lookup_most_specific_first():
 def test_figures_mfu_hfu_on_a_known_device():
     case = Case(model=preset("llama-tiny", dtype="bf16"), train=TrainSpec(), batch_size=2, seq_len=32,
                 every_n_layers=1)
-    # 64 tokens: model 64 · 1,081,344 = 69,206,016; hardware adds 64 · 327,680 = 20,971,520
+    # 64 tokens: model 64 · 1,081,344 = 69,206,016; hardware adds 64 · 262,144 = 16,777,216
     f = flops.figures(case, step_time_s=1e-3, device_name="NVIDIA H200")
     assert f["model_flops_per_step"] == 69_206_016
-    assert f["hardware_flops_per_step"] == 69_206_016 + 20_971_520
+    assert f["recompute_flops_per_step"] == 16_777_216
+    assert f["hardware_flops_per_step"] == 69_206_016 + 16_777_216
     assert f["mfu"] == pytest.approx(69_206_016 / 1e-3 / 989e12)
-    assert f["hfu"] == pytest.approx(90_177_536 / 1e-3 / 989e12)
-    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 1 / 3.3)
+    assert f["hfu"] == pytest.approx(85_983_232 / 1e-3 / 989e12)
+    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 262144 / 1081344)
     g = flops.figures(case, 1e-3, "NVIDIA H200", measured_peak=790e12)
     assert g["mfu_measured_peak"] == pytest.approx(69_206_016 / 1e-3 / 790e12)
 
@@ -77,7 +87,7 @@ def test_figures_on_cpu_keep_the_ratio_only():
     case = Case(model=TINY, train=TrainSpec(), batch_size=2, seq_len=32, every_n_layers=2)
     f = flops.figures(case, 0.01, device_name=None)
     assert "mfu" not in f and "hfu" not in f
-    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 0.5 / 3.3)
+    assert f["ideal_recompute_ratio"] == pytest.approx(1 + 131072 / 1081344)
 
 
 def test_utilisation_guards():
@@ -85,3 +95,39 @@ def test_utilisation_guards():
     assert flops.utilisation(1e12, 0.0, 1e15) is None
     assert flops.utilisation(1e12, 1.0, None) is None
     assert flops.utilisation(1e12, 1.0, 1e15) == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("every_n", [0, 2, 1])
+def test_formula_equals_torchs_flop_counter(family, attn, every_n):
+    """The FLOPs torch's counter sees in a real step of the real model, split into forward, backward and
+    recompute, equal the formula exactly: the early stop and flash attention's backward included."""
+    import torch
+
+    from ckptbench.measure.flops import FlopCounter
+    from ckptbench.spec import checkpointed_layers
+    from ckptbench.train.checkpointing import enable_checkpointing
+    from ckptbench.train.models import build_model, synthetic_batch
+
+    spec = preset(f"{family}-tiny", attn=attn)
+    batch, seq = 2, 48
+    torch.manual_seed(0)
+    model = build_model(spec)
+    enable_checkpointing(model, every_n, offload=False)
+    ids = synthetic_batch(spec.vocab, batch, seq, seed=0)
+    counter = FlopCounter()
+    with counter:
+        loss = model(input_ids=ids, labels=ids).loss
+        counter.phase = "backward"
+        loss.backward()
+    n = len(checkpointed_layers(spec.layers, every_n))
+    tokens = batch * seq
+    c = counter.flops
+    assert c["forward"] + c["backward"] == (flops.model_flops_per_token(spec, seq)
+                                            + flops.flash_backward_flops_per_token(spec, seq)) * tokens
+    assert c["recompute"] == flops.recompute_flops_per_token(spec, seq, n) * tokens
+    if n:  # the old count (a whole forward per checkpointed layer) is what the early stop refutes
+        whole = n * (2 * flops.flop_model(spec).layer_matmul_params
+                     + flops.attention_forward_flops_per_token(spec, seq)) * tokens
+        assert c["recompute"] < whole
