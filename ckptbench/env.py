@@ -8,6 +8,9 @@ import subprocess
 from importlib import metadata
 
 PACKAGES = ("torch", "transformers", "accelerate", "numpy", "nvidia-ml-py")
+# The oldest transformers whose checkpointing API ckptbench calls: gradient_checkpointing_enable(
+# every_n_layers=, offload=) arrived in 5.16 (every_n_layers) and 5.17 (offload).
+MIN_TRANSFORMERS = "5.17"
 
 
 def package_versions() -> dict:
@@ -18,6 +21,20 @@ def package_versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def unsupported_transformers(installed: str | None = None) -> str | None:
+    """Why the installed transformers cannot run a sweep, in one line, or None when it can."""
+    from packaging.version import Version
+
+    installed = installed or package_versions()["transformers"]
+    if installed is None:
+        return f"transformers is not installed; pip install 'transformers>={MIN_TRANSFORMERS}'"
+    if Version(installed) < Version(MIN_TRANSFORMERS):
+        return (f"transformers {installed} is older than {MIN_TRANSFORMERS}, the first release whose "
+                f"gradient_checkpointing_enable takes every_n_layers and offload; "
+                f"pip install 'transformers>={MIN_TRANSFORMERS}'")
+    return None
 
 
 def cpu_model() -> str:

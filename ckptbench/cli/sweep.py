@@ -94,6 +94,12 @@ def cmd_sweep(args) -> int:
     from ..run.sweep import Interrupted, SweepOptions, plan, run_sweep
 
     suite = load_suite(args.suite)
+    from ..env import unsupported_transformers
+    from ..errors import UsageError
+
+    problem = unsupported_transformers()
+    if problem and not args.dry_run:
+        raise UsageError(problem)  # one line now, not a TypeError in every point
     out = args.out or os.path.join("results", f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     cases = plan(suite, args.shard)

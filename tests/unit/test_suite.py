@@ -186,3 +186,13 @@ def test_out_that_is_a_file_and_report_into_a_directory(tmp_path, write_suite):
     proc = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(tmp_path), "-o", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "is a directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_transformers_older_than_the_checkpointing_api_is_refused_in_one_line():
+    from ckptbench.env import MIN_TRANSFORMERS, unsupported_transformers
+
+    assert unsupported_transformers("5.23.0") is None and unsupported_transformers(MIN_TRANSFORMERS) is None
+    reason = unsupported_transformers("5.16.0")  # has every_n_layers but no offload
+    assert reason.startswith("transformers 5.16.0 is older than 5.17") and "\n" not in reason
+    assert "pip install 'transformers>=5.17'" in reason
+    assert unsupported_transformers("4.57.1") is not None
