@@ -124,6 +124,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
                                     (figures.pareto, figures.step_time_pareto)) if f is not None]
     d["checks"] = _guard(ctx, "checks", lambda: tables.check_rows(t), [])
     d["check_summary"] = tables.check_summary(d["checks"])
+    d["record_verdicts"] = tables.record_verdicts(frame)
     d["check_fig"] = _guard(ctx, "checks", lambda: figures.estimate_vs_measured(d["checks"]))
     d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))

@@ -169,6 +169,14 @@ def check_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def record_verdicts(frame: pd.DataFrame) -> list[tuple[str, int]]:
+    """How many measured points passed, failed, or had nothing judged (``unchecked``: never a pass)."""
+    if "verdict" not in frame.columns or "status" not in frame.columns:
+        return []
+    counts = frame.loc[frame["status"] == "ok", "verdict"].fillna("unchecked").value_counts()
+    return [(v, int(counts[v])) for v in ("fail", "unchecked", "pass") if v in counts]
+
+
 def failure_rows(t: pd.DataFrame) -> list[dict]:
     bad = t[~t["ok"]]
     rows = [{"setting": setting(r), "status": r["status"] or "?", "reason": r["reason"],
