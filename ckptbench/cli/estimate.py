@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate:
         from ..theory.simulate import simulate
 
-        sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload).to_dict()
+        sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
+                       device=case.device).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

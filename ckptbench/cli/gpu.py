@@ -66,7 +66,9 @@ def cmd_gpu_summary(args) -> int:
     if os.path.exists(cal_path):
         with open(cal_path, encoding="utf-8") as fh:
             calibration = json.load(fh)
-    summary = summarise(loaded.records, calibration)
+    from ..theory.simulated import load_simulated
+
+    summary = summarise(loaded.records, calibration, load_simulated(args.run))
     if os.path.isdir(args.run):
         write_json_atomic(os.path.join(args.run, SUMMARY), summary)
     print("\n".join(format_summary(summary)))

@@ -77,6 +77,7 @@ class LiveStorageTracker(TorchDispatchMode):
         # what it was doing when the peak was reached: the moment a prediction must name too
         self.phase = ""
         self.peak_phase = ""
+        self.host = 0  # bytes moved off the device (see to_host): alive, but not in total
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
@@ -109,9 +110,35 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         entry = self._live.pop(key, None)
-        if entry is not None:
+        if entry is None:
+            return
+        if entry[1] == "host":
+            self.host -= entry[0]
+        else:
             self.by_category[entry[1]] -= entry[0]
             self.total -= entry[0]
+
+    def to_host(self, key: int | None) -> None:
+        """Count a live activation (by storage key) as moved to host memory: it leaves the device total."""
+        entry = self._live.get(key)
+        if entry is not None and entry[1] == "activations":
+            self.by_category["activations"] -= entry[0]
+            self.total -= entry[0]
+            self.host += entry[0]
+            entry[1] = "host"
+
+    def to_device(self, key: int | None) -> None:
+        """Count an offloaded activation (by storage key) back on the device, unpacked for backward."""
+        entry = self._live.get(key)
+        if entry is not None and entry[1] == "host":
+            self.host -= entry[0]
+            entry[1] = "activations"
+            self.by_category["activations"] += entry[0]
+            self.total += entry[0]
+            if self.total > self.peak:
+                self.peak = self.total
+                self.peak_breakdown = dict(self.by_category)
+                self.peak_phase = self.phase
 
     def reset_peak(self) -> None:
         self.peak = self.total

@@ -273,8 +273,9 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
                   "Live bytes at the peak, split by what owns them.")
 
 
-def estimate_vs_measured(rows: list[dict]) -> Figure | None:
-    """Measured against estimated for each check, per quantity, with the y = x line."""
+def estimate_vs_measured(rows: list[dict], title: str = "Measured vs estimate",
+                         estimate_label: str = "estimate") -> Figure | None:
+    """Measured against estimated (or simulated) for each check, per quantity, with the y = x line."""
     # byte quantities only: counts (syncs, collectives) and layer lists have no place on a MiB axis
     pts = [r for r in rows if "bytes" in str(r.get("quantity")) or str(r.get("quantity")).startswith("peak_")]
     pts = [r for r in pts if isinstance(r.get("measured"), (int, float))
@@ -291,12 +292,13 @@ def estimate_vs_measured(rows: list[dict]) -> Figure | None:
                        label=q, s=24)
         lo = min(min(r["estimated"], r["measured"]) for r in pts) / MIB
         hi = max(max(r["estimated"], r["measured"]) for r in pts) / MIB
-        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle=":", label="measured = estimate")
-        ax.set_xlabel("estimate (MiB)")
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle=":",
+                label=f"measured = {estimate_label}")
+        ax.set_xlabel(f"{estimate_label} (MiB)")
         ax.set_ylabel("measured (MiB)")
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
         uri = _encode(fig)
-    return Figure("Measured vs estimate", uri, "measured against estimated bytes per checked quantity")
+    return Figure(title, uri, f"measured against {estimate_label} bytes per checked quantity")
 
 
 def _k_label(k: float) -> str:

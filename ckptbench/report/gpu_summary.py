@@ -99,7 +99,7 @@ def point_rows(records: list[dict], measured_peak: float | None = None) -> list[
 
 def check_rows(records: list[dict]) -> list[dict]:
     """The estimate checks each record carries (``record["checks"]``: quantity, measured, estimated,
-    ratio, verdict), flattened with the point they belong to.  Empty until the estimate work lands."""
+    ratio, verdict), flattened with the point they belong to."""
     rows = []
     for r in latest_per_case(records):
         checks = r.get("checks") or (r.get("measurement") or {}).get("checks") or []
@@ -118,9 +118,14 @@ def status_counts(records: list[dict]) -> dict[str, int]:
     return counts
 
 
-def summarise(records: list[dict], calibration: dict | None = None) -> dict:
+def summarise(records: list[dict], calibration: dict | None = None, simulated: dict | None = None) -> dict:
     calibration = calibration or {}
+    sims = simulated or {}
     return {
+        "simulated": [{"case_id": r["case_id"], "strategy": r.get("strategy"), "batch_size": r["case"]["batch_size"],
+                       "seq_len": r["case"]["seq_len"], "measured_peak": (r.get("measurement") or {}).get("peak_bytes"),
+                       "simulated_peak": ((sims.get(r["case_id"]) or {}).get("simulated") or {}).get("peak_bytes")}
+                      for r in latest_per_case(records) if r.get("status") == "ok" and r["case_id"] in sims],
         "statuses": status_counts(records),
         "calibration": calibration,
         "points": point_rows(records, calibration.get("matmul_flops_per_s")),
@@ -158,6 +163,12 @@ def format_summary(summary: dict) -> list[str]:
             lines.append(f"{o['strategy']:<16}{o['batch_size']:>6}{o['seq_len']:>7}"
                          f"{_f(o['offloaded_bytes'], '.0f', 2**-20):>9}{_f(o['overhead_s'], '.1f', 1e3):>10}"
                          f"{_f(o['bound_s'], '.1f', 1e3):>10}{_f(o['overhead_over_bound'], '.2f'):>12}")
+    if summary.get("simulated"):
+        lines += ["", f"{'simulated point':<16}{'batch':>6}{'seq':>7}{'measured GiB':>14}{'simulated GiB':>15}{'ratio':>8}"]
+        for p in summary["simulated"]:
+            m, sim = p["measured_peak"], p["simulated_peak"]
+            lines.append(f"{p['strategy']:<16}{p['batch_size']:>6}{p['seq_len']:>7}{_f(m, '.3f', 2**-30):>14}"
+                         f"{_f(sim, '.3f', 2**-30):>15}{_f(m / sim if (m and sim) else None, '.4f'):>8}")
     if summary["checks"]:
         lines += ["", "estimate checks:"]
         for c in summary["checks"]:
@@ -165,5 +176,5 @@ def format_summary(summary: dict) -> list[str]:
                          f"{c['quantity']}: measured {c['measured']} estimated {c['estimated']} "
                          f"ratio {_f(c['ratio'], '.3f')}")
     else:
-        lines += ["", "estimate checks: none in these records (the estimate annotator is not in this version)"]
+        lines += ["", "estimate checks: none in these records (no point finished ok)"]
     return lines

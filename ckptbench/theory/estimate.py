@@ -42,7 +42,7 @@ class Estimate:
     saved_bytes: int
     mem_after_forward_bytes: int
     peak_bytes: int
-    peak_phase: str  # forward | backward-head | backward-layer-<i> | optimizer
+    peak_phase: str  # forward | backward-head | backward-layer-<i> | backward-embedding | optimizer
     peak_breakdown: dict = field(default_factory=dict)
     host_bytes: int = 0
     layer_terms: dict = field(default_factory=dict)
@@ -127,7 +127,14 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # after the head: log-softmax, labels and final norm are gone; lm_head (or the tied embedding) and the
     # final norm have their grads
     a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"]
-    g = g0 + ((V * h + pc.final_norm) * B if grad_accum == 1 else 0)
+    head_grad = V * h * B
+    if spec.tie_embeddings:
+        # a tied weight's first gradient waits in autograd's input buffer, an activation, until the
+        # embedding's backward adds the second one
+        a += head_grad
+        g = g0 + (pc.final_norm * B if grad_accum == 1 else 0)
+    else:
+        g = g0 + ((V * h + pc.final_norm) * B if grad_accum == 1 else 0)
     layer_params = pc.per_layer * B
     moments = {ck: layer_moments(spec, batch, seq, ck) for ck in (False, True)}
     for idx in reversed(range(spec.layers)):
@@ -142,6 +149,11 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
             put(f"backward-layer-{idx}", start + grad_in + delta, g + (layer_grads if grad_accum == 1 else 0))
         a -= kept
         g += layer_params if grad_accum == 1 else 0
+    # the embedding's backward: the gradient flowing in and the dense V·h gradient of the lookup; a tied
+    # weight adds it to the waiting head gradient (a third V·h tensor) before accumulating the sum
+    # (GPT-2's learned positions go first: their gradient is accumulated, the one flowing in is spent)
+    emb = V * h * B + (head_grad if spec.tie_embeddings else 0) + (0 if pc.position else B * N * h)
+    put("backward-embedding", a + emb, g + (pc.position * B if grad_accum == 1 else 0))
     opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
     put("optimizer", opt_tmp, grads)
     parts = {name: {"params": params, "grads": gr, "optimizer": optimizer, "activations": ac,

@@ -12,8 +12,9 @@ The model is constructed on ``meta`` (no memory) and materialised with ``to_empt
 the fake mode.  Never use a fake ``cuda`` device on a CPU-only build: the process aborts.
 
 Offload cannot run on a CPU-only build (transformers asks ``save_on_cpu`` for pinned memory, which needs
-an accelerator), so the simulation runs the checkpointed step without it and moves the checkpointed
-inputs it counted from the device column to the host column, which is exactly what offload does.
+an accelerator), so the simulation runs the checkpointed step without it and, for a CUDA device, moves
+each checkpointed input to the host column while offload would keep it there (from the end of its
+layer's forward to the start of its layer's backward).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..measure.storage import LiveStorageTracker, storage_key, track_training_state
+from ..measure.saved import LayerProbe
+from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
 from ..spec import ModelSpec
 from ..train.checkpointing import decoder_layers, enable_checkpointing
 from ..train.models import build_model
@@ -59,6 +61,7 @@ class SimResult:
     activations_after_forward_bytes: int
     peak_bytes: int
     peak_breakdown: dict
+    peak_phase: str
     checkpointed_input_bytes: int
     offloaded_bytes: int
     recomputed_layers: list
@@ -86,8 +89,13 @@ def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
 
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             lr: float = 1e-4) -> SimResult:
-    """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes."""
+             lr: float = 1e-4, device: str = "cpu") -> SimResult:
+    """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes.
+
+    Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
+    total when the layer's forward ends and comes back when backward reaches the layer, so the peak is
+    the device's at whichever moment it happens.  On a CPU the host is the device: nothing moves.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     t0 = time.perf_counter()
@@ -96,15 +104,33 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     enable_checkpointing(model, every_n_layers, offload=False)
     layers = decoder_layers(model)
     ckpt_idx = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
+    moves = offload and device == "cuda"
 
-    ckpt_inputs: dict[int, int] = {}
+    # layer -> (storage key, bytes) of its input: keys, not tensors, so the simulation itself keeps
+    # nothing alive that the real step would have freed
+    ckpt_inputs: dict[int, tuple[int | None, int]] = {}
     in_forward = [False]
 
-    def count_input(module, args, kwargs):
-        if in_forward[0] and args:
-            ckpt_inputs[storage_key(args[0])] = args[0].untyped_storage().nbytes()
+    def keep_input(i):
+        def hook(module, args, kwargs):
+            if in_forward[0]:
+                hidden = args[0] if args else kwargs["hidden_states"]
+                ckpt_inputs[i] = (storage_key(hidden), hidden.untyped_storage().nbytes())
+        return hook
 
-    handles = [layers[i].register_forward_pre_hook(count_input, with_kwargs=True) for i in ckpt_idx]
+    def leave_device(i):
+        def hook(module, args, kwargs, output):
+            if in_forward[0] and moves:
+                tr.to_host(ckpt_inputs[i][0])
+        return hook
+
+    def on_phase(phase: str) -> None:
+        tr.phase = phase
+        if moves and phase.startswith("backward-layer-") and int(phase.rsplit("-", 1)[1]) in ckpt_inputs:
+            tr.to_device(ckpt_inputs[int(phase.rsplit("-", 1)[1])][0])
+
+    handles = [layers[i].register_forward_pre_hook(keep_input(i), with_kwargs=True) for i in ckpt_idx]
+    handles += [layers[i].register_forward_hook(leave_device(i), with_kwargs=True) for i in ckpt_idx]
 
     with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
         model.to_empty(device="cpu")
@@ -123,33 +149,34 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         grad_hooks = [p.register_post_accumulate_grad_hook(lambda p: tr.track(p.grad, "grads"))
                       for p in model.parameters()]
         tr.reset_peak()
-        with tr:
+        with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr:
+            tr.phase = "forward"
             in_forward[0] = True
             loss = model(input_ids=ids, labels=ids).loss
             in_forward[0] = False
             after_forward = tr.total
+            ckpt_bytes = sum(nbytes for _, nbytes in ckpt_inputs.values())
+            tr.phase = "backward-head"
+            probe.in_backward = True
             loss.backward()
             del loss
+            tr.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for h in grad_hooks + handles:
             h.remove()
-    ckpt_bytes = sum(ckpt_inputs.values())
     offloaded = ckpt_bytes if offload else 0
-    breakdown = dict(tr.peak_breakdown)
-    # Offload keeps the checkpointed inputs on the host for the whole backward; the device never holds
-    # them at the same time as the rest, except the one layer being recomputed (accounted in estimate).
-    breakdown["activations"] -= offloaded
     return SimResult(
         params_bytes=params_bytes,
         optimizer_bytes=optimizer_bytes,
-        mem_after_forward_bytes=after_forward - offloaded,
-        activations_after_forward_bytes=after_forward - offloaded - params_bytes - optimizer_bytes,
-        peak_bytes=tr.peak - offloaded,
-        peak_breakdown=breakdown,
+        mem_after_forward_bytes=after_forward,
+        activations_after_forward_bytes=after_forward - params_bytes - optimizer_bytes,
+        peak_bytes=tr.peak,
+        peak_breakdown=dict(tr.peak_breakdown),
+        peak_phase=tr.peak_phase,
         checkpointed_input_bytes=ckpt_bytes,
         offloaded_bytes=offloaded,
         recomputed_layers=ckpt_idx,
-        host_bytes=offloaded,
+        host_bytes=offloaded if moves else 0,
         wall_s=time.perf_counter() - t0,
     )

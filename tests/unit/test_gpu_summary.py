@@ -54,3 +54,14 @@ def test_summary_and_text_with_missing_values():
     assert "offload point" in text
     assert "estimate checks: none" in text
     assert format_summary(summarise([], None))[0] == "statuses: "
+
+
+def test_simulated_predictions_are_joined_to_the_measured_points():
+    rec = {"case_id": "a", "status": "ok", "strategy": "full", "case": {"batch_size": 1, "seq_len": 1024},
+           "measurement": {"peak_bytes": 2 * 2**30}}
+    summary = summarise([rec], {}, {"a": {"status": "ok", "simulated": {"peak_bytes": 2**31 + 2**20}}})
+    (row,) = summary["simulated"]
+    assert row["measured_peak"] == 2**31 and row["simulated_peak"] == 2**31 + 2**20
+    text = "\n".join(format_summary(summary))
+    assert "simulated GiB" in text and "0.9995" in text
+    assert summarise([rec], {}, {})["simulated"] == []

@@ -28,11 +28,24 @@ def test_simulated_step_matches_analytic(name, dtype, attn, every):
     assert verdicts["saved_bytes"] == "skip"
 
 
-def test_simulated_offload_moves_inputs_to_host():
+def test_simulated_offload_is_phase_aware():
     spec = preset("llama-tiny")
-    on, off = simulate(spec, 2, 128, 1, offload=True), simulate(spec, 2, 128, 1)
-    assert on.offloaded_bytes == on.host_bytes == off.checkpointed_input_bytes == 262144
-    assert off.mem_after_forward_bytes - on.mem_after_forward_bytes == 262144
+    plain = simulate(spec, 2, 128, 1)
+    cpu = simulate(spec, 2, 128, 1, offload=True)  # on a CPU the host is the device: nothing moves
+    assert cpu.offloaded_bytes == plain.checkpointed_input_bytes == 262144 and cpu.host_bytes == 0
+    assert cpu.peak_bytes == plain.peak_bytes
+    cuda = simulate(spec, 2, 128, 1, offload=True, device="cuda")
+    assert cuda.host_bytes == 262144
+    assert plain.mem_after_forward_bytes - cuda.mem_after_forward_bytes == 262144
+    # inside backward the inputs of the layers not yet reached are still on the host, the one being
+    # recomputed is back: the peak moves (top layer -> first layer here) and drops by what is away then
+    long_plain = simulate(spec, 1, 1024, 1)
+    long_cuda = simulate(spec, 1, 1024, 1, offload=True, device="cuda")
+    assert (long_plain.peak_phase, long_cuda.peak_phase) == ("backward-layer-3", "backward-layer-0")
+    assert 0 < long_cuda.peak_breakdown["activations"] < long_plain.peak_breakdown["activations"]
+    for sim, offload in ((long_plain, False), (long_cuda, True)):
+        est = estimate(spec, 1, 1024, 1, offload=offload, device="cuda" if offload else "cpu")
+        assert (est.peak_phase, est.peak_bytes) == (sim.peak_phase, sim.peak_bytes)
 
 
 def test_llama_8b_shape_full_checkpointing_bf16():
