@@ -188,6 +188,11 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     device = suite.get("device", "cpu")
     if device not in DEVICES:
         ck.fail("suite.device", f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    if device == "cuda" and model.attn == "sdpa" and model.dtype == "fp32":
+        # torch's fused CUDA kernels (flash, memory-efficient, cuDNN) that the estimate models do not all
+        # take fp32 with grouped-query attention; its math fallback keeps the a·s² probabilities
+        ck.fail("model.attn", "sdpa in fp32 on CUDA may fall back to the math kernel, which keeps the "
+                "s² probabilities the estimate does not model; use dtype bf16 or fp16, or attn eager")
     if max(axes["every_n_layers"]) > model.layers:
         ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
                 f"{model.layers} layers")

@@ -54,6 +54,12 @@ class FlopCounter(TorchDispatchMode):
             self.by_op[name] = self.by_op.get(name, 0) + count
         return out
 
+    def attention_kernels(self) -> list[str]:
+        """The fused attention kernels that ran (empty: attention ran as separate matmuls, eager or
+        sdpa's math fallback)."""
+        return sorted(op for op in self.by_op if op.startswith("_scaled_dot_product_") and "backward" not in op)
+
     def result(self) -> dict:
         return {"counted_flops": dict(self.flops), "counted_flops_by_op": dict(self.by_op),
+                "attention_kernels": self.attention_kernels(),
                 "flop_counter": "torch.utils.flop_counter formulas per dispatched op"}

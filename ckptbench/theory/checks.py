@@ -102,6 +102,7 @@ def check(case: Case, measurement: dict, est: Estimate | None = None,
         judge("offloaded_bytes", m.get("offloaded_bytes"), est.offloaded_bytes, tol.offloaded),
         *phase_checks(m, est, tol),
         *flop_checks(case, m),
+        attention_kernel_check(case, m),
         same_layers("checkpointed_layers", m.get("checkpointed_layers"), est.checkpointed_layers),
         same_layers("recomputed_layers", m.get("recomputed_layers"), est.recomputed_layers),
     ]
@@ -120,6 +121,19 @@ def flop_checks(case: Case, m: dict) -> list[Check]:
         return [judge("hardware_flops", None, hardware), judge("recompute_flops", None, recompute)]
     total = counted["forward"] + counted["backward"] + counted["recompute"]
     return [judge("hardware_flops", total, hardware), judge("recompute_flops", counted["recompute"], recompute)]
+
+
+def attention_kernel_check(case: Case, m: dict) -> Check:
+    """sdpa is modelled as a fused kernel (no s² tensor kept); eager as separate matmuls.  A run whose
+    kernels say otherwise (sdpa fell back to its math path) was measured on a model the estimate does not
+    describe."""
+    kernels = m.get("attention_kernels")
+    expected = "fused" if case.model.attn == "sdpa" else "none"
+    if kernels is None:
+        return Check("attention_kernel", None, expected, None, 0.0, "skip", None)
+    seen = "fused" if kernels else "none"
+    return Check("attention_kernel", ",".join(kernels) or "none", expected, 1.0 if seen == expected else 0.0, 0.0,
+                 "pass" if seen == expected else "fail", None)
 
 
 def same_layers(quantity: str, observed, expected) -> Check:

@@ -36,9 +36,11 @@ def test_measured_peak_phase_and_parts_match_the_estimate(point):
     est = estimate_case(case)
     by = {c.quantity: c for c in check(case, m, est)}
     for quantity in ("peak_bytes", "peak_phase", "peak_breakdown.grads", "peak_breakdown.activations",
-                     "checkpointed_layers", "recomputed_layers", "checkpointed_input_bytes", "hardware_flops"):
+                     "checkpointed_layers", "recomputed_layers", "checkpointed_input_bytes", "hardware_flops",
+                     "attention_kernel"):
         assert by[quantity].verdict == "pass", by[quantity]
     assert abs(m["peak_bytes"] / est.peak_bytes - 1) <= 0.01
+    assert m["attention_kernels"] == (["_scaled_dot_product_flash_attention_for_cpu"] if attn == "sdpa" else [])
     # the simulation the grid holds the estimate to sees what the real step allocated, to the byte
     assert simulate(spec, batch, seq, every_n).peak_bytes == m["peak_bytes"]
 

@@ -21,7 +21,7 @@ def test_a_real_tiny_point_passes_every_check():
     assert record["gates"] == {"nonfinite_losses": 0}
     # every prediction was judged against an observation, and held
     for quantity in ("peak_bytes", "peak_phase", "peak_breakdown.grads", "peak_breakdown.activations",
-                     "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops"):
+                     "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops", "attention_kernel"):
         assert by[quantity]["verdict"] == "pass", by[quantity]
 
 
@@ -48,3 +48,14 @@ def test_failed_points_are_not_checked():
     record = _record(case, {}, status="crash")
     annotate_record(case, record)
     assert record["verdict"] == "skip" and "checks" not in record
+
+
+def test_sdpa_that_fell_back_to_separate_matmuls_fails():
+    from ckptbench.theory.checks import attention_kernel_check
+
+    sdpa = Case(model=preset("llama-tiny", attn="sdpa"), train=TrainSpec(), batch_size=1, seq_len=8)
+    assert attention_kernel_check(sdpa, {"attention_kernels": []}).verdict == "fail"
+    assert attention_kernel_check(sdpa, {"attention_kernels": ["_scaled_dot_product_flash_attention"]}).verdict == "pass"
+    eager = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    assert attention_kernel_check(eager, {"attention_kernels": []}).verdict == "pass"
+    assert attention_kernel_check(eager, {}).verdict == "skip"

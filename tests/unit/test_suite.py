@@ -196,3 +196,11 @@ def test_transformers_older_than_the_checkpointing_api_is_refused_in_one_line():
     assert reason.startswith("transformers 5.16.0 is older than 5.17") and "\n" not in reason
     assert "pip install 'transformers>=5.17'" in reason
     assert unsupported_transformers("4.57.1") is not None
+
+
+def test_fp32_sdpa_on_cuda_is_refused_with_the_reason():
+    text = '[suite]\ndevice = "cuda"\n[model]\npreset = "llama-tiny"\nattn = "sdpa"\n[sweep]\nbatch_size = [1]\nseq_len = [8]\n'
+    with pytest.raises(SuiteError) as err:
+        parse_suite(text, "x.toml")
+    assert err.value.key == "model.attn" and "math kernel" in err.value.reason
+    parse_suite(text.replace('attn = "sdpa"', 'attn = "sdpa"\ndtype = "bf16"'), "x.toml")
