@@ -153,15 +153,12 @@ class CudaMemoryProbe:
             mem_after_forward_bytes=af,
             activations_after_forward_bytes=af - static,
             peak_bytes=self.peak,
-            # The allocator does not know what a block is for: grads are sized from the parameters,
-            # activations are the rest of the peak.
-            peak_breakdown={
-                "params": self.params_bytes,
-                "grads": self.grads_bytes,
-                "optimizer": self.optimizer_bytes,
-                "activations": self.peak - static - self.grads_bytes,
-            },
+            # The allocator does not know what a block is for, nor when its peak was: only the parts that
+            # exist before the step are known at the peak.  Gradients are sized when the probe stops
+            # (every parameter has one then), which says nothing about how many were live at the peak.
+            peak_breakdown={"params": self.params_bytes, "optimizer": self.optimizer_bytes},
             extra={
+                "cuda_grads_bytes_at_stop": self.grads_bytes,
                 "cuda_max_allocated_bytes": self.peak,
                 "cuda_max_reserved_bytes": self.reserved,
                 "nvml_used_bytes": nvml_used_bytes(cuda_index(self.device)),
