@@ -17,6 +17,17 @@ def render(run_dir: str, out_path: str, console, baseline: str | None = None) ->
     return 0
 
 
+def require_records(run: str, what: str) -> None:
+    """A command about a run refuses a run with nothing to say, in one line (a partly readable run is
+    fine: the page lists the lines it skipped)."""
+    from ..store.records import load_records
+
+    loaded = load_records(run)
+    if not loaded.records:
+        why = loaded.problems[0] if loaded.problems else "the records file is empty"
+        raise UsageError(f"{run}: no readable records ({why}); nothing to {what}")
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
 
@@ -27,6 +38,7 @@ def cmd_report(args) -> int:
         raise UsageError(f"{args.baseline}: no such baseline results directory")
     if os.path.isdir(out):
         raise UsageError(f"-o {out} is a directory; give the HTML file's path")
+    require_records(args.run, "report")
     return render(args.run, out, Console(stderr=True), args.baseline)
 
 

@@ -122,6 +122,11 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     work_dir = os.path.join(options.out_dir, "work")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
+    if not options.resume:
+        again = [c for c in planned if c.id in {r["case_id"] for r in recorded}]
+        if again:
+            raise UsageError(f"{options.out_dir} already holds {len(again)} of the {len(planned)} points this sweep "
+                             "would run; add --resume to run only the missing ones, or choose another --out")
     # a Case recorded as skipped (deadline) was never run: --resume runs it
     done_ids = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if options.resume else set()
     todo = [c for c in planned if c.id not in done_ids]

@@ -195,9 +195,11 @@ def inject(fault: Fault) -> None:
 
 def is_oom_error(exc: BaseException) -> bool:
     """Out-of-memory raised outside the caching allocator (cuBLAS/cuDNN workspaces, a kernel's own
-    cudaMalloc) arrives as a plain RuntimeError or AcceleratorError; its message says so."""
+    cudaMalloc) arrives as a plain RuntimeError or AcceleratorError, and the CPU allocator's as
+    ``DefaultCPUAllocator: can't allocate memory``; their messages say so."""
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "cublas_status_alloc_failed" in text)
+    return isinstance(exc, RuntimeError) and any(
+        sign in text for sign in ("out of memory", "cublas_status_alloc_failed", "can't allocate memory"))
 
 
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,

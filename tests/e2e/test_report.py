@@ -167,3 +167,21 @@ def test_report_paints_in_a_headless_browser(smoke, tmp_path):
     assert len(colours) > 50, "screenshot is (nearly) blank"
     top = max(n for n, _ in colours)
     assert top < 0.97 * image.size[0] * image.size[1], "screenshot is one colour"
+
+
+@pytest.mark.parametrize("setup,why", [
+    (lambda d: d.mkdir(), "no records file"),
+    (lambda d: (d.mkdir(), (d / RECORDS).write_text("")), "the records file is empty"),
+    (lambda d: (d.mkdir(), (d / RECORDS).write_bytes(b"garbage\n\x00\x01")), "unreadable line"),
+    (lambda d: d.write_text((ROOT / "suites" / "smoke.toml").read_text()), "unreadable line"),  # a suite file
+])
+@pytest.mark.parametrize("command", ["report", "gpu-summary"])
+def test_commands_on_a_run_with_nothing_to_say_fail_in_one_line(tmp_path, capsys, setup, why, command):
+    from ckptbench.cli import main
+
+    run = tmp_path / "run"
+    setup(run)
+    code = main([command, str(run)] + (["-o", str(tmp_path / "r.html")] if command == "report" else []))
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {run}: no readable records") and why in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "r.html").exists()

@@ -171,3 +171,19 @@ def test_shards_started_together_share_one_output(tmp_path, write_suite):
     loaded = load_records(out)
     assert loaded.problems == []
     assert sorted(r["case_id"] for r in loaded.records) == sorted(c.id for c in load_suite(path).cases)
+
+
+def test_running_into_a_results_directory_again_without_resume_is_refused(tmp_path, write_suite):
+    path = write_suite(SIX)
+    suite = load_suite(path)
+    out = str(tmp_path / "run")
+    run_sweep(suite, SweepOptions(out_dir=out, shard=(1, 3)))
+    before = open(os.path.join(out, "records.jsonl")).read()
+    with pytest.raises(UsageError, match="already holds 2 of the 6 points.*--resume"):
+        run_sweep(suite, SweepOptions(out_dir=out))
+    # nothing was appended; the CLI says the same in one line, exit 2
+    assert open(os.path.join(out, "records.jsonl")).read() == before
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--out", out],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {out} already holds 2 of the 6 points")
+    assert len(proc.stderr.splitlines()) == 1

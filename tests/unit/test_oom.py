@@ -53,3 +53,15 @@ def test_child_main_records_oom(tmp_path, monkeypatch):
 def test_child_main_records_runtime_oom(tmp_path, monkeypatch):
     result = _run_child(tmp_path, _raise_runtime_oom, monkeypatch)
     assert result["status"] == "oom"
+
+
+def _allocate_a_quarter_terabyte(case, t_submit=None, fault=None):
+    # a real request to torch's CPU allocator that no machine here can satisfy: it fails at once
+    # (the kernel refuses the mapping), as a too large point's activations would
+    torch.empty(2**38, dtype=torch.uint8)
+
+
+def test_cpu_allocator_failure_is_oom(tmp_path, monkeypatch):
+    result = _run_child(tmp_path, _allocate_a_quarter_terabyte, monkeypatch)
+    assert result["status"] == "oom", result
+    assert "can't allocate memory" in result["reason"] and "274877906944 bytes" in result["reason"]
