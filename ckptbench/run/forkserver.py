@@ -41,8 +41,8 @@ class IsolatedRunner:
             if os.path.exists(stale):
                 os.remove(stale)
         t_submit = time.time()
-        proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault),
-                                name=f"ckptbench-{case.id}")
+        proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault,
+                                                         timeout_s), name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
         proc.join(timeout_s)

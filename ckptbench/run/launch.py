@@ -114,7 +114,9 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
     start = time.perf_counter()
     status, reason = "ok", ""
     with open(stderr_path, "wb") as err, open(os.path.join(workdir, "stdout.txt"), "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=workdir, start_new_session=True)
+        # through the lifeline: torchrun's agent dies with the sweep, its ranks die with the agent
+        proc = subprocess.Popen([sys.executable, "-m", "ckptbench.run.lifeline", *cmd], stdout=out, stderr=err,
+                                env=env, cwd=workdir, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
             if rc != 0:

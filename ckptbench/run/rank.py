@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 from ..spec import SYNC_IMPLS, Case
 from ..store.files import write_json_atomic
+from .lifeline import die_with_parent
 
 
 def result_path(out_dir: str, case: Case, sync_impl: str) -> str:
@@ -57,25 +57,13 @@ def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
     }
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank when torchrun's agent goes away, however it goes (a safety net
-    beside the launcher's tree kill: a rank must never outlive its group)."""
-    try:
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckptbench.run.rank", description=__doc__)
     parser.add_argument("--case", action="append", required=True, help="Case JSON file (repeatable)")
     parser.add_argument("--out", required=True, help="directory for <case_id>-<sync_impl>.json")
     parser.add_argument("--sync-impl", default="accelerate", choices=SYNC_IMPLS)
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()  # a rank must never outlive torchrun's agent
 
     import torch
     import torch.distributed as dist

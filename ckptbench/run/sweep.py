@@ -18,6 +18,7 @@ from ..spec import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .forkserver import IsolatedRunner
+from .lifeline import SweepLock
 
 
 class Interrupted(Exception):
@@ -117,6 +118,11 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
         raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
     store = RecordStore(options.out_dir)
     store.ensure()
+    with SweepLock(options.out_dir, options.shard):
+        return _run_locked(suite, options, store, on_record, annotate)
+
+
+def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_record, annotate) -> SweepResult:
     recorded = store.load().records
     _keep_suite_text(suite, options.out_dir, {r["case_id"] for r in recorded})
     work_dir = os.path.join(options.out_dir, "work")

@@ -35,6 +35,7 @@ from ..train.checkpointing import (
 from ..train.models import build_model, synthetic_batch
 from ..train.step import forward_loss, train_step
 from .faults import Fault
+from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 
 
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
@@ -203,8 +204,14 @@ def is_oom_error(exc: BaseException) -> bool:
 
 
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
-               fault: Fault | None = None) -> None:
-    """Entry point of a worker process: one Case, one result file, output to the point's log."""
+               fault: Fault | None = None, timeout_s: float | None = None) -> None:
+    """Entry point of a worker process: one Case, one result file, output to the point's log.
+
+    It dies with the fork server (which dies with the sweep) and, failing all else, after its own timeout.
+    """
+    die_with_parent()
+    let_the_fork_server_go()
+    self_timeout(timeout_s)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -187,3 +187,74 @@ def test_running_into_a_results_directory_again_without_resume_is_refused(tmp_pa
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {out} already holds 2 of the 6 points")
     assert len(proc.stderr.splitlines()) == 1
+
+
+HANGING_DRIVER = """
+import sys
+from ckptbench.run.faults import Fault
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.suite import load_suite
+suite = load_suite(sys.argv[1])
+run_sweep(suite, SweepOptions(out_dir=sys.argv[2], faults={suite.cases[0].id: Fault("hang")}))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_the_sweep_alone_takes_the_fork_server_and_worker_with_it(tmp_path, write_suite):
+    """The sweep's main process is killed alone while a worker hangs: nothing of the sweep survives
+    (fork server and worker gone within seconds), and a second sweep of the same shard was refused
+    while the first ran, naming its pid."""
+    from ckptbench.run.launch import descendants
+
+    path = write_suite(SIX)
+    out = str(tmp_path / "run")
+    driver = subprocess.Popen([sys.executable, "-c", HANGING_DRIVER, path, out])
+    deadline = time.monotonic() + 60
+    while not (os.path.isdir(os.path.join(out, "work")) and any(
+            f.endswith(".log") for f in os.listdir(os.path.join(out, "work")))):
+        assert time.monotonic() < deadline and driver.poll() is None, "the hanging point never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the worker is in its step loop, hanging
+    helpers = descendants(driver.pid)
+    assert len(helpers) >= 2  # the fork server and the worker (and resource trackers)
+
+    second = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--out", out, "--resume"],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2
+    assert second.stderr.startswith(f"error: another sweep (pid {driver.pid}) is running shard 1/1 into {out}")
+
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in helpers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in helpers if _alive(p)] == []
+    # the kernel dropped the lock with the process: --resume may start at once
+    from ckptbench.run.lifeline import SweepLock
+
+    with SweepLock(out, (1, 1)):
+        pass
+
+
+def test_a_worker_whose_parent_is_gone_ends_after_its_own_timeout(tmp_path):
+    """No parent left to enforce the timeout: the worker's own alarm ends it."""
+    import multiprocessing
+
+    from ckptbench.run import worker
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    proc = multiprocessing.get_context("fork").Process(
+        target=worker.child_main,
+        args=(case.to_dict(), str(tmp_path / "r.json"), str(tmp_path / "w.log"), 0.0, Fault("hang"), 0.5))
+    start = time.monotonic()
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGALRM and time.monotonic() - start < 15
