@@ -7,8 +7,12 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 
 from ..suite import load_suite
+
+# A sweep larger than this runs only when asked twice: a typo in an axis multiplies the plan.
+MAX_POINTS = 10_000
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -103,12 +107,20 @@ def cmd_sweep(args) -> int:
     out = args.out or os.path.join("results", f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     cases = plan(suite, args.shard)
-    if args.dry_run:
-        for c in cases:
-            print(f"{c.id}  {c.model.label}  {c.strategy:<16} batch={c.batch_size} seq={c.seq_len} "
-                  f"K={c.local_sgd_steps} accum={c.grad_accum} world={c.world_size} device={c.device}")
-        print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run")
+    if args.dry_run or args.list:
+        if args.list:
+            for c in cases:
+                print(f"{c.id}  {c.model.label}  {c.strategy:<16} batch={c.batch_size} seq={c.seq_len} "
+                      f"K={c.local_sgd_steps} accum={c.grad_accum} world={c.world_size} device={c.device}")
+        else:
+            for strategy, n in sorted(Counter(c.strategy for c in cases).items()):
+                print(f"{n:>9}  {strategy}")
+        print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run"
+              + ("" if args.list else "; --list prints each"))
         return 0
+    if len(cases) > MAX_POINTS and not args.yes:
+        raise UsageError(f"{len(cases)} points to run (more than {MAX_POINTS:,}): look at them with --dry-run, "
+                         "then pass --yes to run them")
     options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
                            max_minutes=args.max_minutes)
     from ..theory.checks import annotate_record
@@ -161,7 +173,9 @@ def add_parser(sub) -> None:
     p.add_argument("--suite", required=True, help="suite file (suites/*.toml)")
     p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
     p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
-    p.add_argument("--dry-run", action="store_true", help="list the Cases and exit without running")
+    p.add_argument("--dry-run", action="store_true", help="count the Cases per strategy and exit without running")
+    p.add_argument("--list", action="store_true", help="with --dry-run: print every Case and its id")
+    p.add_argument("--yes", action="store_true", help=f"run a sweep of more than {MAX_POINTS:,} points")
     p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
     p.add_argument("--timeout", type=_positive_seconds, help="per-Case timeout in seconds (overrides the suite)")
     p.add_argument("--max-minutes", type=_positive_seconds, metavar="M",

@@ -204,3 +204,32 @@ def test_fp32_sdpa_on_cuda_is_refused_with_the_reason():
         parse_suite(text, "x.toml")
     assert err.value.key == "model.attn" and "math kernel" in err.value.reason
     parse_suite(text.replace('attn = "sdpa"', 'attn = "sdpa"\ndtype = "bf16"'), "x.toml")
+
+
+def _huge_suite() -> str:
+    axis = lambda lo, hi: "[" + ", ".join(map(str, range(lo, hi))) + "]"  # noqa: E731
+    return (f'[suite]\nname = "huge"\n[model]\npreset = "llama-tiny"\n[sweep]\nbatch_size = {axis(1, 101)}\n'
+            f"seq_len = {axis(2, 102)}\nevery_n_layers = [0, 1, 2]\n")  # 30,000 points
+
+
+def test_a_huge_sweep_is_counted_not_listed_and_runs_only_with_yes(write_suite, tmp_path):
+    path = write_suite(_huge_suite())
+    dry = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0
+    assert dry.stdout.splitlines() == ["    10000  every-2", "    10000  full", "    10000  none",
+                                       f"30000 cases (of 30000 in {path}); nothing was run; --list prints each"]
+    out = tmp_path / "never"
+    run = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and not out.exists()
+    assert run.stderr == "error: 30000 points to run (more than 10,000): look at them with --dry-run, then pass " \
+                         "--yes to run them\n"
+
+
+def test_list_prints_every_case_with_its_id(write_suite):
+    path = write_suite()
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--dry-run", "--list"],
+                          capture_output=True, text=True, timeout=60)
+    ids = {c.id for c in load_suite(path).cases}
+    assert proc.returncode == 0 and {line.split()[0] for line in proc.stdout.splitlines()[:-1]} == ids
