@@ -56,11 +56,9 @@ def cmd_simulate_suite(args) -> int:
 
 def cmd_gpu_summary(args) -> int:
     from ..report.gpu_summary import format_summary, summarise
-    from ..store.records import load_records
     from .report import require_records
 
-    require_records(args.run, "summarise")
-    loaded = load_records(args.run)
+    loaded = require_records(args.run, "summarise")
     for problem in loaded.problems:
         print(f"warning: {problem}", file=sys.stderr)
     calibration = {}

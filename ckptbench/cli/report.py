@@ -17,7 +17,7 @@ def render(run_dir: str, out_path: str, console, baseline: str | None = None) ->
     return 0
 
 
-def require_records(run: str, what: str) -> None:
+def require_records(run: str, what: str):
     """A command about a run refuses a run with nothing to say, in one line (a partly readable run is
     fine: the page lists the lines it skipped)."""
     from ..store.records import load_records
@@ -26,6 +26,7 @@ def require_records(run: str, what: str) -> None:
     if not loaded.records:
         why = loaded.problems[0] if loaded.problems else "the records file is empty"
         raise UsageError(f"{run}: no readable records ({why}); nothing to {what}")
+    return loaded
 
 
 def cmd_report(args) -> int:

@@ -94,10 +94,7 @@ class LiveStorageTracker(TorchDispatchMode):
         weakref.finalize(st, self._free, key)
         self.by_category[category] += nbytes
         self.total += nbytes
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_breakdown = dict(self.by_category)
-            self.peak_phase = self.phase
+        self._note_peak()
 
     def recategorize(self, tensor: torch.Tensor, category: str) -> None:
         self.track(tensor, category)
@@ -135,10 +132,13 @@ class LiveStorageTracker(TorchDispatchMode):
             entry[1] = "activations"
             self.by_category["activations"] += entry[0]
             self.total += entry[0]
-            if self.total > self.peak:
-                self.peak = self.total
-                self.peak_breakdown = dict(self.by_category)
-                self.peak_phase = self.phase
+            self._note_peak()
+
+    def _note_peak(self) -> None:
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_breakdown = dict(self.by_category)
+            self.peak_phase = self.phase
 
     def reset_peak(self) -> None:
         self.peak = self.total

@@ -10,6 +10,7 @@ import json
 from ..store.records import latest_per_case
 from ..theory.flops import utilisation
 from ..theory.offload import offload_bound_s
+from ..theory.simulated import beside_measurements
 
 
 def twin_key(case: dict, *differing: str) -> str:
@@ -120,12 +121,8 @@ def status_counts(records: list[dict]) -> dict[str, int]:
 
 def summarise(records: list[dict], calibration: dict | None = None, simulated: dict | None = None) -> dict:
     calibration = calibration or {}
-    sims = simulated or {}
     return {
-        "simulated": [{"case_id": r["case_id"], "strategy": r.get("strategy"), "batch_size": r["case"]["batch_size"],
-                       "seq_len": r["case"]["seq_len"], "measured_peak": (r.get("measurement") or {}).get("peak_bytes"),
-                       "simulated_peak": ((sims.get(r["case_id"]) or {}).get("simulated") or {}).get("peak_bytes")}
-                      for r in latest_per_case(records) if r.get("status") == "ok" and r["case_id"] in sims],
+        "simulated": beside_measurements(latest_per_case(records), simulated or {}),
         "statuses": status_counts(records),
         "calibration": calibration,
         "points": point_rows(records, calibration.get("matmul_flops_per_s")),
@@ -164,11 +161,10 @@ def format_summary(summary: dict) -> list[str]:
                          f"{_f(o['offloaded_bytes'], '.0f', 2**-20):>9}{_f(o['overhead_s'], '.1f', 1e3):>10}"
                          f"{_f(o['bound_s'], '.1f', 1e3):>10}{_f(o['overhead_over_bound'], '.2f'):>12}")
     if summary.get("simulated"):
-        lines += ["", f"{'simulated point':<16}{'batch':>6}{'seq':>7}{'measured GiB':>14}{'simulated GiB':>15}{'ratio':>8}"]
+        lines += ["", f"{'simulated point':<32}{'measured GiB':>14}{'simulated GiB':>15}{'ratio':>8}"]
         for p in summary["simulated"]:
-            m, sim = p["measured_peak"], p["simulated_peak"]
-            lines.append(f"{p['strategy']:<16}{p['batch_size']:>6}{p['seq_len']:>7}{_f(m, '.3f', 2**-30):>14}"
-                         f"{_f(sim, '.3f', 2**-30):>15}{_f(m / sim if (m and sim) else None, '.4f'):>8}")
+            lines.append(f"{p['setting']:<32}{_f(p['measured'], '.3f', 2**-30):>14}"
+                         f"{_f(p['simulated'], '.3f', 2**-30):>15}{_f(p['ratio'], '.4f'):>8}")
     if summary["checks"]:
         lines += ["", "estimate checks:"]
         for c in summary["checks"]:

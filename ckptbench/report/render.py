@@ -16,7 +16,7 @@ import jinja2
 
 from ..store.files import write_text_atomic
 from ..store.records import load_records, to_frame
-from ..theory.simulated import load_simulated
+from ..theory.simulated import beside_measurements, load_simulated
 from . import figures, tables
 from .columns import has, strategies, tidy
 
@@ -126,7 +126,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     d["checks"] = _guard(ctx, "checks", lambda: tables.check_rows(t), [])
     d["check_summary"] = tables.check_summary(d["checks"])
     d["record_verdicts"] = tables.record_verdicts(frame)
-    d["simulated"] = _guard(ctx, "simulated", lambda: tables.simulated_rows(loaded.records, load_simulated(run_dir)), [])
+    d["simulated"] = _guard(ctx, "simulated", lambda: beside_measurements(loaded.records, load_simulated(run_dir)), [])
     d["simulated_fig"] = _guard(ctx, "simulated", lambda: figures.estimate_vs_measured(
         [{"quantity": "peak_bytes (simulated)", "measured": r["measured"], "estimated": r["simulated"]}
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))

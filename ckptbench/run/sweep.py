@@ -124,12 +124,13 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
 
 def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_record, annotate) -> SweepResult:
     recorded = store.load().records
-    _keep_suite_text(suite, options.out_dir, {r["case_id"] for r in recorded})
+    recorded_ids = {r["case_id"] for r in recorded}
+    _keep_suite_text(suite, options.out_dir, recorded_ids)
     work_dir = os.path.join(options.out_dir, "work")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
     if not options.resume:
-        again = [c for c in planned if c.id in {r["case_id"] for r in recorded}]
+        again = [c for c in planned if c.id in recorded_ids]
         if again:
             raise UsageError(f"{options.out_dir} already holds {len(again)} of the {len(planned)} points this sweep "
                              "would run; add --resume to run only the missing ones, or choose another --out")

@@ -113,10 +113,8 @@ def flop_checks(case: Case, m: dict) -> list[Check]:
     """FLOPs torch's counter saw on the memory step against the formula (exact: both count matmuls and
     attention kernels from shapes, so any difference is a term the formula gets wrong)."""
     counted = m.get("counted_flops")
-    tokens = case.batch_size * case.seq_len * case.grad_accum
-    n_ckpt = len(case.checkpointed_layers)
-    hardware = int(flops.hardware_flops_per_token(case.model, case.seq_len, n_ckpt) * tokens)
-    recompute = int(flops.recompute_flops_per_token(case.model, case.seq_len, n_ckpt) * tokens)
+    formula = flops.figures(case, step_time_s=None)
+    hardware, recompute = int(formula["hardware_flops_per_step"]), int(formula["recompute_flops_per_step"])
     if counted is None:
         return [judge("hardware_flops", None, hardware), judge("recompute_flops", None, recompute)]
     total = counted["forward"] + counted["backward"] + counted["recompute"]

@@ -126,8 +126,9 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     def on_phase(phase: str) -> None:
         tr.phase = phase
-        if moves and phase.startswith("backward-layer-") and int(phase.rsplit("-", 1)[1]) in ckpt_inputs:
-            tr.to_device(ckpt_inputs[int(phase.rsplit("-", 1)[1])][0])
+        layer = int(phase.rsplit("-", 1)[1]) if phase.startswith("backward-layer-") else None
+        if moves and layer in ckpt_inputs:
+            tr.to_device(ckpt_inputs[layer][0])
 
     handles = [layers[i].register_forward_pre_hook(keep_input(i), with_kwargs=True) for i in ckpt_idx]
     handles += [layers[i].register_forward_hook(leave_device(i), with_kwargs=True) for i in ckpt_idx]

@@ -83,3 +83,19 @@ def load_simulated(run_dir: str) -> dict[str, dict]:
             if isinstance(line, dict) and "case_id" in line:
                 out[line["case_id"]] = line
     return out
+
+
+def beside_measurements(records: list[dict], simulated: dict[str, dict]) -> list[dict]:
+    """Each measured point beside its FakeTensor prediction (``simulated.jsonl``) and its estimate."""
+    rows = []
+    for r in records:
+        sim = (simulated.get(r["case_id"]) or {}).get("simulated") or {}
+        m, e = r.get("measurement") or {}, r.get("estimate") or {}
+        if r.get("status") != "ok" or not sim.get("peak_bytes") or not m.get("peak_bytes"):
+            continue
+        c = r["case"]
+        rows.append({"setting": f"{r.get('strategy')} b={c['batch_size']} s={c['seq_len']}",
+                     "measured": m["peak_bytes"], "simulated": sim["peak_bytes"], "estimated": e.get("peak_bytes"),
+                     "ratio": m["peak_bytes"] / sim["peak_bytes"], "measured_phase": m.get("peak_phase") or "–",
+                     "simulated_phase": sim.get("peak_phase") or "–", "estimated_phase": e.get("peak_phase") or "–"})
+    return rows

@@ -61,7 +61,7 @@ def test_simulated_predictions_are_joined_to_the_measured_points():
            "measurement": {"peak_bytes": 2 * 2**30}}
     summary = summarise([rec], {}, {"a": {"status": "ok", "simulated": {"peak_bytes": 2**31 + 2**20}}})
     (row,) = summary["simulated"]
-    assert row["measured_peak"] == 2**31 and row["simulated_peak"] == 2**31 + 2**20
+    assert row["measured"] == 2**31 and row["simulated"] == 2**31 + 2**20
     text = "\n".join(format_summary(summary))
     assert "simulated GiB" in text and "0.9995" in text
     assert summarise([rec], {}, {})["simulated"] == []
