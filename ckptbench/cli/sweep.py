@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -25,7 +26,7 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _positive_seconds(text: str) -> float:
+def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -92,9 +93,80 @@ def comm_table(records: list[dict]):
     return table
 
 
+def _cap(args) -> int | None:
+    return int(args.memory_gib * 2**30) if args.memory_gib else None
+
+
+def _projection(cases, measured):
+    """(Projection or None, the line that states it); `measured` is ``machine_rates``' answer."""
+    from ..theory.duration import project
+
+    rates, why = measured
+    if rates is None:
+        return None, f"duration not projected: {why}"
+    projection = project(cases, rates)
+    return projection, projection.text()
+
+
+def _still_to_run(cases, out: str, resume: bool):
+    """The Cases a sweep into `out` would run (what the projection gate must weigh)."""
+    from ..run.sweep import pending
+    from ..store.records import load_records
+
+    recorded = load_records(out).records if os.path.isfile(os.path.join(out, "records.jsonl")) else []
+    return pending(cases, recorded, resume)[0]
+
+
+def _memory_line(cases, cap: int | None) -> str:
+    """How many points the sweep would not start because their estimate exceeds the memory here now."""
+    if len(cases) > MAX_POINTS:
+        return (f"memory: estimates not checked for more than {MAX_POINTS:,} points here; the sweep checks each "
+                "point before it starts")
+    from ..measure.nvml import nvml_total_bytes
+    from ..run.fits import too_big
+    from ..run.hostmem import read_host_memory
+
+    host = read_host_memory()
+    cuda = [c for c in cases if c.device == "cuda"]
+    device_bytes = functools.cache(lambda: nvml_total_bytes(0))
+    if cuda and device_bytes() is None:
+        return (f"memory: {len(cuda)} CUDA points not checked (no CUDA device visible to NVML here); the sweep "
+                "checks each point before it starts")
+    over = [c for c in cases if too_big(c, cap, host, device_bytes)]
+    if not over:
+        return "memory: every point's estimated peak fits in the memory available now"
+    return (f"memory: {len(over)} points estimated above the memory available now would be recorded skipped "
+            f"(--force runs them), e.g. {over[0].id}: {too_big(over[0], cap, host)}")
+
+
+def _with_projection(annotate, plan_state: dict):
+    """Each record keeps the time projected for its point, so a finished sweep shows how close it came."""
+    from ..theory.duration import point_seconds
+
+    def both(case, record):
+        annotate(case, record)
+        projection = plan_state.get("projection")
+        seconds = point_seconds(case, projection.rates) if projection is not None else None
+        if seconds is not None:
+            record["projected_s"] = round(seconds, 3)
+    return both
+
+
+def _took(records: list[dict], elapsed_s: float) -> str:
+    """The sweep's time beside the projection for the points it ran (starting the fork server included)."""
+    from ..theory.duration import FORK_SERVER_S
+
+    projected = [r["projected_s"] for r in records if r.get("projected_s") is not None]
+    if not projected:
+        return f"the sweep took {elapsed_s:.1f} s"
+    start = FORK_SERVER_S if any(r["case"]["world_size"] == 1 and r.get("wall_s") for r in records) else 0.0
+    return f"the sweep took {elapsed_s:.1f} s; projected {start + sum(projected):.1f} s for the points it ran"
+
+
 def cmd_sweep(args) -> int:
     from rich.console import Console
 
+    from ..run.calibration import machine_rates
     from ..run.sweep import Interrupted, SweepOptions, plan, run_sweep
 
     suite = load_suite(args.suite)
@@ -117,12 +189,27 @@ def cmd_sweep(args) -> int:
                 print(f"{n:>9}  {strategy}")
         print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run"
               + ("" if args.list else "; --list prints each"))
+        print(_projection(cases, machine_rates(cases))[1])
+        print(_memory_line(cases, _cap(args)))
         return 0
     if len(cases) > MAX_POINTS and not args.yes:
         raise UsageError(f"{len(cases)} points to run (more than {MAX_POINTS:,}): look at them with --dry-run, "
                          "then pass --yes to run them")
+    rates = functools.cache(lambda: machine_rates(cases))  # measured once, only when it is needed
+    if args.max_minutes and not args.yes:
+        projection = _projection(_still_to_run(cases, out, args.resume), rates())[0]
+        if projection is not None and projection.seconds > 60 * args.max_minutes:
+            raise UsageError(f"projected {projection.seconds / 60:.1f} min > --max-minutes {args.max_minutes:g}: "
+                             "points not started by then would be recorded skipped; pass --yes to start anyway, "
+                             "or plan less")
     options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
-                           max_minutes=args.max_minutes)
+                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force)
+    plan_state: dict = {}
+
+    def on_start(todo):  # the directory was accepted: say what will run and how long it should take
+        if todo:
+            plan_state["projection"], line = _projection(todo, rates())
+            console.print(f"{len(todo)} points to run; {line}")
     from ..theory.checks import annotate_record
 
     with _progress() as progress:
@@ -135,8 +222,9 @@ def cmd_sweep(args) -> int:
                             last=f"{record['strategy']} b={record['case']['batch_size']} "
                                  f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
 
+        started = time.monotonic()
         try:
-            result = run_sweep(suite, options, on_record=on_record, annotate=annotate_record)
+            result = run_sweep(suite, options, on_record=on_record, annotate=_with_projection(annotate_record, plan_state), on_start=on_start)
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
@@ -145,6 +233,7 @@ def cmd_sweep(args) -> int:
         progress.update(task, completed=len(cases))
     if result.skipped_ids:
         console.print(f"resume: {len(result.skipped_ids)} cases already in {out} were skipped")
+    console.print(_took(result.records, time.monotonic() - started))
     from ..store.records import load_records
 
     loaded = load_records(out)
@@ -177,9 +266,14 @@ def add_parser(sub) -> None:
     p.add_argument("--list", action="store_true", help="with --dry-run: print every Case and its id")
     p.add_argument("--yes", action="store_true", help=f"run a sweep of more than {MAX_POINTS:,} points")
     p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
-    p.add_argument("--timeout", type=_positive_seconds, help="per-Case timeout in seconds (overrides the suite)")
-    p.add_argument("--max-minutes", type=_positive_seconds, metavar="M",
+    p.add_argument("--timeout", type=_positive, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--max-minutes", type=_positive, metavar="M",
                    help="start no Case after M minutes; the rest are recorded as skipped (--resume runs them)")
+    p.add_argument("--memory-gib", type=_positive, metavar="G",
+                   help="the most memory a worker may hold (resident, torch included): a worker holding more is "
+                        "stopped and recorded oom, a point estimated above it is not started")
+    p.add_argument("--force", action="store_true",
+                   help="start points whose estimated peak exceeds the memory available (recorded skipped otherwise)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
     p.set_defaults(func=cmd_sweep)

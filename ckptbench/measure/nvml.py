@@ -64,6 +64,13 @@ class NvmlDevice:
         except Exception:
             return None
 
+    def total_bytes(self) -> int | None:
+        """The device's memory, as NVML reports it (what the sweep sizes CUDA points against)."""
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total)
+        except Exception:
+            return None
+
     def energy_mj(self) -> int | None:
         """Energy counter in millijoules since the driver was loaded (Volta and newer), else None."""
         try:
@@ -89,6 +96,17 @@ def nvml_used_bytes(index: int) -> int | None:
         return None
     try:
         return dev.used_bytes()
+    finally:
+        dev.close()
+
+
+def nvml_total_bytes(index: int) -> int | None:
+    """Device memory from NVML without touching CUDA (the sweep's parent asks), or None."""
+    dev = NvmlDevice.open(index)
+    if dev is None:
+        return None
+    try:
+        return dev.total_bytes()
     finally:
         dev.close()
 

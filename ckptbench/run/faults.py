@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow")
+FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow", "hog", "hog-kill")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """What to do inside the worker: raise, segfault, hang, exit(3), or sleep ``seconds`` per timed step."""
+    """What to do inside the worker: raise, segfault, hang, exit(3), sleep ``seconds`` per timed step, or
+    grow its resident memory to ``nbytes`` and hold it (``hog``) or then die of SIGKILL as the kernel's
+    OOM killer would make it (``hog-kill``)."""
 
     kind: str
     seconds: float = 0.0
+    nbytes: int = 0

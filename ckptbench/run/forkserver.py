@@ -18,8 +18,10 @@ import time
 from ..spec import Case
 from ..store.files import tail
 from .faults import Fault
+from .hostmem import WorkerWatch, explain_kill, human_bytes, read_host_memory
 
 STDERR_TAIL_CHARS = 2000
+SAMPLE_S = 0.1  # how often a running worker's memory is read (a few /proc files: microseconds)
 
 
 class IsolatedRunner:
@@ -32,7 +34,9 @@ class IsolatedRunner:
         self.ctx.set_forkserver_preload(["ckptbench.run.worker", "ckptbench.run.preload"])
         self.current = None
 
-    def run(self, case: Case, work_dir: str, timeout_s: float, fault: Fault | None) -> dict:
+    def run(self, case: Case, work_dir: str, timeout_s: float, fault: Fault | None,
+            memory_cap: int | None = None) -> dict:
+        """Run `case` in a fresh worker, watching its memory; stop it past `timeout_s` or `memory_cap`."""
         from .worker import child_main  # the fork server has it loaded; importing here keeps torch out
 
         result_path = os.path.join(work_dir, f"{case.id}.json")
@@ -45,22 +49,18 @@ class IsolatedRunner:
                                                          timeout_s), name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
-        proc.join(timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-            self.current = None
-            return {"status": "timeout", "reason": f"no result after {timeout_s:g} s; worker killed",
-                    "stderr_tail": tail(log_path, STDERR_TAIL_CHARS)}
+        watch = WorkerWatch(proc.pid, memory_cap)
+        stopped = self._wait(proc, watch, timeout_s)
         self.current = None
         wall = time.time() - t_submit
-        if os.path.exists(result_path):
+        if stopped is not None:
+            result = stopped
+        elif os.path.exists(result_path):
             with open(result_path) as fh:
                 result = json.load(fh)
             os.remove(result_path)
         elif proc.exitcode is not None and proc.exitcode < 0:
-            sig = signal.Signals(-proc.exitcode).name
-            result = {"status": "crash", "reason": f"worker killed by signal {sig}"}
+            result = _killed(signal.Signals(-proc.exitcode).name, watch)
         else:
             result = {"status": "crash", "reason": f"worker exited with code {proc.exitcode} and no result"}
         if result["status"] != "ok":
@@ -68,8 +68,36 @@ class IsolatedRunner:
         result["wall_s"] = wall
         return result
 
+    @staticmethod
+    def _wait(proc, watch: WorkerWatch, timeout_s: float) -> dict | None:
+        """Wait for the worker, sampling its memory; a result only when the sweep had to stop it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            proc.join(SAMPLE_S)  # returns as soon as the worker ends
+            if not proc.is_alive():
+                return None
+            watch.sample()
+            if watch.over_cap():
+                proc.kill()
+                proc.join()
+                return {"status": "oom", "host_memory": watch.figures(),
+                        "reason": f"stopped by the sweep: the worker held {human_bytes(watch.peak_rss)}, more than "
+                                  f"the --memory cap of {human_bytes(watch.cap)}"}
+            if time.monotonic() >= deadline:
+                proc.kill()
+                proc.join()
+                return {"status": "timeout", "reason": f"no result after {timeout_s:g} s; worker killed"}
+
     def kill_current(self) -> None:
         proc = self.current
         if proc is not None and proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def _killed(sig: str, watch: WorkerWatch) -> dict:
+    """A worker that died of a signal without a result: ``oom`` when its memory says so, else ``crash``."""
+    why = explain_kill(watch, read_host_memory()) if sig == "SIGKILL" else None
+    if why:
+        return {"status": "oom", "reason": why, "host_memory": watch.figures()}
+    return {"status": "crash", "reason": f"worker killed by signal {sig}", "host_memory": watch.figures()}

@@ -7,6 +7,7 @@ never imports torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -14,9 +15,11 @@ from dataclasses import dataclass, field
 
 from ..env import host_environment
 from ..errors import UsageError
+from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.records import RecordStore
+from .fits import too_big
 from .forkserver import IsolatedRunner
 from .lifeline import SweepLock
 
@@ -36,6 +39,8 @@ class SweepOptions:
     shard: tuple[int, int] = (1, 1)  # (i, n): this process runs every n-th planned Case starting at i
     timeout_s: float | None = None  # overrides the suite's per-Case timeout
     max_minutes: float | None = None  # Cases not started this long after the sweep began are recorded as skipped
+    memory_cap: int | None = None  # --memory-gib: a worker holding more is stopped (oom); no point estimated above starts
+    force: bool = False  # start points whose estimated peak exceeds the memory available
     faults: dict = field(default_factory=dict)  # case id -> Fault; tests only
 
 
@@ -51,6 +56,13 @@ def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
     """The Cases this process is responsible for, in suite order."""
     i, n = shard
     return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
+
+
+def pending(planned: list[Case], recorded: list[dict], resume: bool) -> tuple[list[Case], list[str]]:
+    """(the Cases still to run, the ids --resume passes over).  A Case recorded as skipped (deadline, or
+    too big for the memory then available) was never run: --resume runs it."""
+    done = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if resume else set()
+    return [c for c in planned if c.id not in done], [c.id for c in planned if c.id in done]
 
 
 def _run_group(case: Case, work_dir: str, timeout: float) -> dict:
@@ -106,23 +118,31 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": {**host_env, **result.get("device_env", {})},
     }
+    if result.get("host_memory"):
+        record["host_memory"] = result["host_memory"]  # what the sweep saw of a worker that was stopped or killed
     if annotate is not None:
         annotate(case, record)
     return record
 
 
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
-              annotate: Callable[[Case, dict], None] | None = None) -> SweepResult:
-    """Run the planned Cases not yet in the store; append one record per Case as soon as it ends."""
+              annotate: Callable[[Case, dict], None] | None = None,
+              on_start: Callable[[list[Case]], None] | None = None) -> SweepResult:
+    """Run the planned Cases not yet in the store; append one record per Case as soon as it ends.
+
+    `on_start` sees the Cases about to run once the directory has been accepted (lock held, no
+    duplicates), so what the CLI says will run is what runs.
+    """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
         raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
     store = RecordStore(options.out_dir)
     store.ensure()
     with SweepLock(options.out_dir, options.shard):
-        return _run_locked(suite, options, store, on_record, annotate)
+        return _run_locked(suite, options, store, on_record, annotate, on_start)
 
 
-def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_record, annotate) -> SweepResult:
+def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_record, annotate,
+                on_start) -> SweepResult:
     recorded = store.load().records
     recorded_ids = {r["case_id"] for r in recorded}
     _keep_suite_text(suite, options.out_dir, recorded_ids)
@@ -134,13 +154,13 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
         if again:
             raise UsageError(f"{options.out_dir} already holds {len(again)} of the {len(planned)} points this sweep "
                              "would run; add --resume to run only the missing ones, or choose another --out")
-    # a Case recorded as skipped (deadline) was never run: --resume runs it
-    done_ids = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if options.resume else set()
-    todo = [c for c in planned if c.id not in done_ids]
-    skipped = [c.id for c in planned if c.id in done_ids]
+    todo, skipped = pending(planned, recorded, options.resume)
+    if on_start is not None:
+        on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
     host_env = host_environment()
     runner = IsolatedRunner()
+    device_bytes = functools.cache(lambda: nvml_total_bytes(0))  # asked once, and only for a CUDA point
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     try:
@@ -149,10 +169,12 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
             if deadline is not None and time.monotonic() >= deadline:
                 result = {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
                           f"{options.max_minutes:g} deadline had passed"}
+            elif not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
+                result = {"status": "skipped", "reason": why}
             elif case.world_size > 1:
                 result = _run_group(case, work_dir, timeout)
             else:
-                result = runner.run(case, work_dir, timeout, fault)
+                result = runner.run(case, work_dir, timeout, fault, options.memory_cap)
             _judge_budget(result, suite.memory_budget_bytes)
             record = make_record(suite, case, result, host_env, annotate)
             store.append(record)

@@ -192,6 +192,24 @@ def inject(fault: Fault) -> None:
             time.sleep(3600)
     if fault.kind == "exit":
         os._exit(3)
+    if fault.kind in ("hog", "hog-kill"):
+        _hog(fault.nbytes, fault.kind == "hog-kill")
+
+
+def _hog(nbytes: int, then_kill: bool) -> None:
+    """Hold `nbytes` resident (the fork server's pages included), long enough for the sweep to see it."""
+    import signal
+
+    from .hostmem import resident_bytes
+
+    rss = resident_bytes(os.getpid())
+    held = b"\x01" * max(0, nbytes - (rss[0] if rss else 0))  # written, so every page is resident
+    deadline = time.monotonic() + (2.0 if then_kill else 3600.0)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    if then_kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    del held
 
 
 def is_oom_error(exc: BaseException) -> bool:

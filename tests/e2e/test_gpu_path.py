@@ -39,7 +39,7 @@ every_n_layers = [0, 1, 2]
 
 def test_max_minutes_tiny_budget_records_cases_as_skipped(write_suite, tmp_path):
     out = str(tmp_path / "run")
-    assert main(["sweep", "--suite", write_suite(THREE), "--out", out, "--max-minutes", "0.0001"]) == 0
+    assert main(["sweep", "--suite", write_suite(THREE), "--out", out, "--max-minutes", "0.0001", "--yes"]) == 0
     records = load_records(out).records
     assert len(records) == 3
     # 6 ms is gone before the first worker could start: every Case is recorded, none ran

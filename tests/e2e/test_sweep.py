@@ -83,9 +83,16 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
     assert sorted(ids) == sorted(c.id for c in suite.cases)
 
 
+def _default_sigint() -> None:
+    # a shell starts background jobs with SIGINT ignored and Python then keeps ignoring it: the sweep
+    # under test must get Ctrl-C however pytest itself was started
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(suite_path: str, out: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "ckptbench", "sweep", "--suite", suite_path, "--out", out,
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for_records(path: str, k: int, proc: subprocess.Popen, limit_s: float = 120) -> None:

@@ -1,0 +1,112 @@
+"""Memory faults are named as such: a worker SIGKILLed at the limit, one past the --memory cap, and a
+point too big to start.  The faults are injected (a worker that really holds the bytes), never provoked by
+exhausting the machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ckptbench.run.faults import Fault
+from ckptbench.run.hostmem import human_bytes
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.store.records import load_records
+from ckptbench.suite import load_suite
+from ckptbench.theory.estimate import estimate_case
+
+pytestmark = pytest.mark.e2e
+
+GIB = 2**30
+CAP = int(1.5 * GIB)  # above a forked worker's own ~0.5 GiB (torch and transformers loaded), far below the machine
+
+FOUR = """
+[suite]
+name = "four"
+timeout_s = 60
+
+[model]
+preset = "llama-tiny"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+
+[sweep]
+batch_size = [1, 2]
+seq_len = [16]
+every_n_layers = [0, 1]
+"""
+
+
+def _records(out) -> dict:
+    return {r["case_id"]: r for r in load_records(str(out)).records}
+
+
+def test_workers_killed_or_stopped_at_the_memory_limit_are_oom_with_figures(tmp_path, write_suite):
+    suite = load_suite(write_suite(FOUR))
+    ids = [c.id for c in suite.cases]
+    faults = {ids[0]: Fault("hog-kill", nbytes=int(0.95 * CAP)),  # SIGKILL at 95 % of the cap: the OOM killer's work
+              ids[1]: Fault("hog", nbytes=int(1.2 * CAP)),  # holds more than the cap: the sweep stops it
+              ids[2]: Fault("hog-kill", nbytes=int(0.6 * CAP))}  # SIGKILL far from any limit: not a memory fault
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run"), memory_cap=CAP, faults=faults))
+    by_id = _records(tmp_path / "run")
+
+    killed = by_id[ids[0]]
+    assert killed["status"] == "oom"
+    assert killed["reason"].startswith("killed by SIGKILL at the memory limit: the worker held ")
+    assert "of the --memory cap of 1.50 GiB" in killed["reason"]
+    seen = killed["host_memory"]
+    assert 0.95 * CAP <= seen["worker_peak_rss_bytes"] < CAP and seen["memory_cap_bytes"] == CAP
+    assert seen["samples"] >= 1 and seen["machine_bytes"] > CAP
+
+    stopped = by_id[ids[1]]
+    assert stopped["status"] == "oom" and stopped["reason"].startswith("stopped by the sweep: the worker held ")
+    assert stopped["host_memory"]["worker_peak_rss_bytes"] > CAP
+
+    plain = by_id[ids[2]]
+    assert plain["status"] == "crash" and plain["reason"] == "worker killed by signal SIGKILL"
+    assert plain["host_memory"]["worker_peak_rss_bytes"] >= 0.6 * CAP
+
+    assert by_id[ids[3]]["status"] == "ok"  # and the sweep went on
+
+
+def test_a_point_estimated_above_the_available_memory_is_skipped_without_starting(tmp_path, write_suite):
+    # Llama-3-8B in fp32 with AdamW needs more than 120 GiB for its weights, gradients and moments alone
+    text = FOUR.replace('preset = "llama-tiny"', 'preset = "llama-8b"').replace("batch_size = [1, 2]", "batch_size = [1]")
+    suite = load_suite(write_suite(text))
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    for case in suite.cases:
+        record = _records(tmp_path / "run")[case.id]
+        assert record["status"] == "skipped"
+        need = human_bytes(estimate_case(case).peak_bytes)
+        assert record["reason"].startswith(f"estimated {need} > available ")
+        assert record["reason"].endswith("(available RAM); --force runs it anyway")
+        assert not os.path.exists(tmp_path / "run" / "work" / f"{case.id}.log")  # no worker was started
+
+
+def test_force_starts_a_point_the_memory_cap_would_not(tmp_path, write_suite):
+    suite = load_suite(write_suite(FOUR.replace("batch_size = [1, 2]", "batch_size = [1]")
+                                   .replace("every_n_layers = [0, 1]", "every_n_layers = [0]")))
+    case = suite.cases[0]
+    cap = 2**20  # 1 MiB: below the tiny point's estimate and far below any worker
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "a"), memory_cap=cap))
+    skipped = _records(tmp_path / "a")[case.id]
+    assert skipped["status"] == "skipped"
+    assert skipped["reason"] == (f"estimated {human_bytes(estimate_case(case).peak_bytes)} > available 1.0 MiB "
+                                 "(--memory cap); --force runs it anyway")
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "b"), memory_cap=cap, force=True))
+    forced = _records(tmp_path / "b")[case.id]
+    assert forced["status"] == "oom" and forced["reason"].startswith("stopped by the sweep")  # it did start
+
+
+def test_dry_run_counts_points_above_the_memory_cap(write_suite):
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", write_suite(FOUR), "--dry-run",
+                           "--memory-gib", "0.001"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("memory: 4 points estimated above the memory available now would be recorded skipped")
+    assert "> available 1.0 MiB (--memory cap)" in last

@@ -1,0 +1,62 @@
+"""The memory readings a sweep judges by: checked against the kernel's other accounts of the same figures."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from ckptbench.run.hostmem import HostMemory, WorkerWatch, explain_kill, read_host_memory, resident_bytes
+
+GIB = 2**30
+
+
+def test_total_memory_agrees_with_sysconf():
+    host = read_host_memory()
+    assert host.total == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 0 < host.available <= host.total
+    assert 0 < host.usable <= host.available
+
+
+def test_own_high_water_mark_agrees_with_getrusage():
+    rss, hwm = resident_bytes(os.getpid())
+    held = b"\x01" * (64 * 2**20)  # raise the high-water mark by a known amount, then read both accounts
+    rss2, hwm2 = resident_bytes(os.getpid())
+    assert rss2 >= rss + 60 * 2**20 and hwm2 >= rss2
+    # the same high-water mark through getrusage (KiB on Linux); the kernel folds each thread's cached RSS
+    # delta (up to 64 pages a thread) into the two accounts at different moments, hence the slack
+    assert abs(hwm2 - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) <= 2**20
+    del held
+
+
+def test_a_process_that_is_gone_has_no_figures():
+    assert resident_bytes(2**22 + 12345) is None  # above the default pid_max
+
+
+def test_the_container_allowance_caps_what_is_usable():
+    assert HostMemory(total=24 * GIB, available=20 * GIB, cgroup_limit=8 * GIB, cgroup_usage=6 * GIB).usable == 2 * GIB
+    assert HostMemory(total=24 * GIB, available=20 * GIB, cgroup_limit=8 * GIB).capacity == 8 * GIB
+    assert HostMemory().usable is None
+
+
+def _watch(peak: int, cap=None, before=HostMemory(), least=None) -> WorkerWatch:
+    watch = WorkerWatch(pid=0, cap=cap, before=before)
+    watch.peak_rss, watch.least_usable, watch.samples = peak, least, 3
+    return watch
+
+
+def test_sigkill_is_oom_only_with_figures_that_say_so():
+    roomy = HostMemory(total=24 * GIB, available=20 * GIB)
+    # nothing says memory: a kill -9 by hand stays a crash
+    assert explain_kill(_watch(2 * GIB, least=roomy), roomy) is None
+    assert explain_kill(_watch(int(0.89 * 4 * GIB), cap=4 * GIB, least=roomy), roomy) is None
+    # the machine had under 5 % available at the last look
+    tight = HostMemory(total=24 * GIB, available=GIB // 2)
+    why = explain_kill(_watch(20 * GIB, least=tight), tight)
+    assert why.startswith("killed by SIGKILL while memory ran out") and "0.5 GiB" not in why
+    assert "512.0 MiB of the machine's 24.00 GiB was available" in why and "20.00 GiB at its peak" in why
+    # the worker held 90 % of the --memory cap
+    why = explain_kill(_watch(int(0.95 * 4 * GIB), cap=4 * GIB, least=roomy), roomy)
+    assert "95% of the --memory cap of 4.00 GiB" in why
+    # the kernel counted an OOM kill in our cgroup while the worker ran
+    why = explain_kill(_watch(GIB, before=HostMemory(oom_kills=2), least=roomy), HostMemory(oom_kills=3))
+    assert why.startswith("killed by the kernel's OOM killer") and "from 2 to 3" in why
