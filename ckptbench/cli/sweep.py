@@ -210,7 +210,7 @@ def cmd_sweep(args) -> int:
         if todo:
             plan_state["projection"], line = _projection(todo, rates())
             console.print(f"{len(todo)} points to run; {line}")
-    from ..theory.checks import annotate_record
+    from ..theory.annotate import annotate_record
 
     with _progress() as progress:
         task = progress.add_task(suite.name, total=len(cases), last="")

@@ -8,11 +8,13 @@ memory steps, and the timed steps run without it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
-from .nvml import nvml_used_bytes
+from .allocator import AllocatorMeter
+from .nvml import NvmlDevice, nvml_used_bytes
 from .storage import LiveStorageTracker, track_training_state
 
 
@@ -51,6 +53,7 @@ class CpuMemoryProbe:
         self.optimizer = optimizer
         self.inputs = inputs
         self.tracker = LiveStorageTracker()
+        self.allocator = AllocatorMeter()  # the second meter: c10's allocator events, through the profiler
         self._hooks: list = []
         self.after_forward: dict | None = None
 
@@ -68,6 +71,8 @@ class CpuMemoryProbe:
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
         tr.reset_peak()
+        self.tracked_start = tr.total + tr.host
+        self.allocator.start()
         tr.__enter__()
 
     def set_phase(self, phase: str) -> None:
@@ -84,6 +89,7 @@ class CpuMemoryProbe:
 
     def stop(self) -> None:
         self.tracker.__exit__(None, None, None)
+        self.allocator.stop()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -98,7 +104,8 @@ class CpuMemoryProbe:
             activations_after_forward_bytes=af["total"] - self.params_bytes - self.optimizer_bytes,
             peak_bytes=tr.peak,
             peak_breakdown=dict(tr.peak_breakdown),
-            extra={"peak_phase": tr.peak_phase},
+            extra={"peak_phase": tr.peak_phase, "tracked_start_bytes": self.tracked_start,
+                   "tracked_resident_peak_bytes": tr.resident_peak, **self.allocator.result()},
         )
 
 
@@ -139,6 +146,8 @@ class CudaMemoryProbe:
         torch.cuda.synchronize(self.device)
         self.peak = torch.cuda.max_memory_allocated(self.device)
         self.reserved = torch.cuda.max_memory_reserved(self.device)
+        self.reserved_now = torch.cuda.memory_reserved(self.device)
+        self.nvml_process = _nvml_process_used(cuda_index(self.device))
         self.host_pinned_peak = _host_pinned_peak()
         self.grads_bytes = sum(
             p.grad.untyped_storage().nbytes() for p in self.model.parameters() if p.grad is not None
@@ -162,6 +171,10 @@ class CudaMemoryProbe:
                 "cuda_max_allocated_bytes": self.peak,
                 "cuda_max_reserved_bytes": self.reserved,
                 "nvml_used_bytes": nvml_used_bytes(cuda_index(self.device)),
+                # the second and third meters: what this process holds on the device as the driver
+                # counts it (allocator's reserved blocks + CUDA context + library workspaces)
+                "cuda_reserved_at_stop_bytes": self.reserved_now,
+                "nvml_process_used_bytes": self.nvml_process,
                 # offloaded activations live here, not in the device allocator (None: torch too old)
                 "cuda_host_pinned_peak_bytes": self.host_pinned_peak,
             },
@@ -171,6 +184,16 @@ class CudaMemoryProbe:
 def cuda_index(device: torch.device) -> int:
     """torch's index of a CUDA device (the current one when the device names none)."""
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _nvml_process_used(index: int) -> int | None:
+    dev = NvmlDevice.open(index)
+    if dev is None:
+        return None
+    try:
+        return dev.process_used_bytes(os.getpid())
+    finally:
+        dev.close()
 
 
 def _reset_host_peak() -> None:

@@ -64,6 +64,16 @@ class NvmlDevice:
         except Exception:
             return None
 
+    def process_used_bytes(self, pid: int) -> int | None:
+        """Device memory the driver counts for process `pid` (its CUDA context included), or None."""
+        try:
+            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                if proc.pid == pid and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory)
+        except Exception:
+            return None
+        return None
+
     def total_bytes(self) -> int | None:
         """The device's memory, as NVML reports it (what the sweep sizes CUDA points against)."""
         try:

@@ -78,6 +78,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.phase = ""
         self.peak_phase = ""
         self.host = 0  # bytes moved off the device (see to_host): alive, but not in total
+        self.resident_peak = 0  # the peak of total + host: everything alive, wherever it lives
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
@@ -135,12 +136,14 @@ class LiveStorageTracker(TorchDispatchMode):
             self._note_peak()
 
     def _note_peak(self) -> None:
+        self.resident_peak = max(self.resident_peak, self.total + self.host)
         if self.total > self.peak:
             self.peak = self.total
             self.peak_breakdown = dict(self.by_category)
             self.peak_phase = self.phase
 
     def reset_peak(self) -> None:
+        self.resident_peak = self.total + self.host
         self.peak = self.total
         self.peak_breakdown = dict(self.by_category)
         self.peak_phase = self.phase

@@ -169,12 +169,6 @@ def phase_checks(m: dict, est: Estimate, tol: Tolerances) -> list[Check]:
     return out
 
 
-ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_forward_bytes",
-                 "activations_after_forward_bytes", "peak_bytes", "saved_bytes", "checkpointed_input_bytes",
-                 "offloaded_bytes", "host_bytes", "peak_phase", "peak_breakdown", "checkpointed_layers",
-                 "recomputed_layers")
-
-
 def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
     """All-reduce payload and count of one rank over the run, against the formula (exact)."""
     n_params = param_count(case.model)
@@ -209,23 +203,3 @@ def verdict(checks: list[Check], gate_values: dict[str, int]) -> str:
     if "fail" in verdicts or any(gate_values.values()):
         return "fail"
     return "pass" if "pass" in verdicts else "unchecked"
-
-
-def annotate_record(case: Case, record: dict) -> None:
-    """Add ``estimate``, ``checks``, ``gates`` and ``verdict`` (pass / fail / unchecked; skip when the
-    point did not run) to a record in place."""
-    if record["status"] != "ok":
-        record["verdict"] = "skip"
-        return
-    m = record["measurement"]
-    if case.world_size > 1:
-        est, checks = comm_checks(case, m)
-        record["estimate"] = est
-    else:
-        est_obj = estimate_case(case)
-        full = est_obj.to_dict()
-        record["estimate"] = {k: full[k] for k in ESTIMATE_KEYS if k in full}
-        checks = check(case, m, est_obj)
-    record["checks"] = [c.to_dict() for c in checks]
-    record["gates"] = gates(m)
-    record["verdict"] = verdict(checks, record["gates"])

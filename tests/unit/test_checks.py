@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ckptbench.run.worker import measure
 from ckptbench.spec import Case, TrainSpec, preset
-from ckptbench.theory.checks import annotate_record
+from ckptbench.theory.annotate import annotate_record
 
 
 def _record(case: Case, measurement: dict, status: str = "ok") -> dict:
@@ -18,7 +18,8 @@ def test_a_real_tiny_point_passes_every_check():
     assert record["verdict"] == "pass"
     by = {c["quantity"]: c for c in record["checks"]}
     assert by["checkpointed_input_bytes"]["measured"] == 2 * 2 * 32 * 64 * 4
-    assert record["gates"] == {"nonfinite_losses": 0}
+    assert record["gates"] == {"nonfinite_losses": 0, "meters_disagree": 0}
+    assert record["meters"]["agreement"] == "agree"
     # every prediction was judged against an observation, and held
     for quantity in ("peak_bytes", "peak_phase", "peak_breakdown.grads", "peak_breakdown.activations",
                      "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops", "attention_kernel"):
@@ -31,7 +32,7 @@ def test_non_finite_losses_fail_the_record():
     record = _record(case, measure(case))
     annotate_record(case, record)
     assert record["verdict"] == "fail"
-    assert record["gates"] == {"nonfinite_losses": 2}  # the warm-up step and the timed step
+    assert record["gates"] == {"nonfinite_losses": 2, "meters_disagree": 0}  # the warm-up step and the timed step
 
 
 def test_a_record_with_nothing_judged_is_unchecked_not_passed():

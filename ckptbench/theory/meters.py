@@ -1,0 +1,59 @@
+"""Two meters of one step's memory, and whether they agree as far as they are expected to.
+
+Not an estimate against a measurement: two observations of the same quantity by code that shares
+nothing, set beside each other with the difference each one's blind spots explain, and no more.
+
+CPU — the live-storage tracker (dispatcher level) against torch's allocator events (profiler,
+``measure/allocator``), both as growth over the step's start.  The allocator also sees what is
+allocated below the dispatcher: the CPU RNG state non-reentrant checkpoint saves for each checkpointed
+layer (``torch.get_rng_state()``: 5,056 bytes, at most one per checkpointed layer alive at once) and a
+few scalars (32-128 bytes measured).  So ``0 ≤ allocator − tracker ≤ checkpointed layers × 5,120 + 1 KiB``;
+anything else is a tensor one of them missed.
+
+CUDA — the allocator's reserved blocks at the end of the step against the driver's count of this
+process (NVML), which adds the CUDA context and library workspaces (cuBLAS, cuDNN): ``0 ≤ NVML −
+reserved ≤ 3 GiB``.  The difference is stated as ``cuda_context_bytes``.
+"""
+
+from __future__ import annotations
+
+from ..spec import Case
+from .checks import Check
+
+RNG_STATE_BOUND = 5_120  # per checkpointed layer: torch.get_rng_state() is 5,056 bytes on CPU
+SCALARS_BOUND = 1_024
+CUDA_CONTEXT_BOUND = 3 * 2**30
+
+
+def _within(quantity: str, measured: int | None, reference: int | None, allowance: int) -> Check:
+    """`measured` may exceed `reference` by 0..`allowance` bytes; a missing meter is ``skip``."""
+    if measured is None or reference is None:
+        return Check(quantity, measured, reference, None, None, "skip", None)
+    diff = measured - reference
+    ok = 0 <= diff <= allowance
+    return Check(quantity, measured, reference, measured / reference if reference else None,
+                 allowance / reference if reference else None, "pass" if ok else "fail", diff)
+
+
+def meter_checks(case: Case, m: dict) -> list[Check]:
+    if case.device == "cuda":
+        return [_within("nvml_process_vs_reserved_bytes", m.get("nvml_process_used_bytes"),
+                        m.get("cuda_reserved_at_stop_bytes"), CUDA_CONTEXT_BOUND)]
+    start, peak = m.get("tracked_start_bytes"), m.get("tracked_resident_peak_bytes")
+    tracked = None if start is None or peak is None else peak - start
+    allowance = len(case.checkpointed_layers) * RNG_STATE_BOUND + SCALARS_BOUND
+    return [_within("allocator_vs_tracker_bytes", m.get("allocator_growth_bytes"), tracked, allowance)]
+
+
+def agreement(checks: list[Check]) -> str:
+    """``agree`` / ``disagree`` / ``unchecked`` (a meter missing: never agreement by default)."""
+    verdicts = {c.verdict for c in checks}
+    if "fail" in verdicts:
+        return "disagree"
+    return "agree" if verdicts == {"pass"} else "unchecked"
+
+
+def context_bytes(m: dict) -> int | None:
+    """On CUDA, what the driver counts for the process beyond the allocator: context and workspaces."""
+    nvml, reserved = m.get("nvml_process_used_bytes"), m.get("cuda_reserved_at_stop_bytes")
+    return None if nvml is None or reserved is None else nvml - reserved

@@ -1,0 +1,79 @@
+"""The second memory meter: torch's allocator events agree with the live-storage tracker within the bytes
+the tracker cannot see, and a tensor hidden from the tracker makes them disagree."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ckptbench.run.worker import _memory_step
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory.meters import RNG_STATE_BOUND, SCALARS_BOUND, agreement, meter_checks
+from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning
+from ckptbench.train.models import build_model, synthetic_batch
+from ckptbench.train.step import train_step
+
+
+def _step(case: Case, hide_bytes: int = 0) -> dict:
+    with offload_without_pinning() if case.offload else nullcontext():  # this torch has no pinned allocator
+        return _built_step(case, hide_bytes)
+
+
+def _built_step(case: Case, hide_bytes: int) -> dict:
+    torch.manual_seed(0)
+    model = build_model(case.model, torch.device("cpu"))
+    enable_checkpointing(model, case.every_n_layers, case.offload)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, 0, torch.device("cpu"))
+    train_step(model, optimizer, batch, 1)  # the optimizer state exists before the measured step
+    hidden = []
+    if hide_bytes:
+        def allocate_unseen(module, args, output):
+            with _disable_current_modes():  # below the tracker's dispatch mode, as a kernel's scratch is
+                hidden.append(torch.empty(hide_bytes, dtype=torch.uint8))
+        decoder_layers(model)[1].register_forward_hook(allocate_unseen)
+    return _memory_step(case, model, optimizer, batch, decoder_layers(model))
+
+
+def _case(every_n: int, offload: bool = False) -> Case:
+    return Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=64, every_n_layers=every_n,
+                offload=offload)
+
+
+def test_the_two_meters_agree_within_what_the_tracker_cannot_see():
+    for every_n, offload in ((0, False), (2, False), (1, True)):
+        case = _case(every_n, offload)
+        m = _step(case)
+        tracked = m["tracked_resident_peak_bytes"] - m["tracked_start_bytes"]
+        diff = m["allocator_growth_bytes"] - tracked
+        assert 0 <= diff <= len(case.checkpointed_layers) * RNG_STATE_BOUND + SCALARS_BOUND, (every_n, diff)
+        assert m["allocator_events"] > 100
+        assert agreement(meter_checks(case, m)) == "agree"
+
+
+def test_the_allocator_meter_is_the_same_to_the_byte_on_a_second_identical_step():
+    a, b = _step(_case(2)), _step(_case(2))
+    assert a["allocator_growth_bytes"] == b["allocator_growth_bytes"]
+    assert a["tracked_resident_peak_bytes"] == b["tracked_resident_peak_bytes"]
+
+
+def test_a_tensor_hidden_from_the_tracker_makes_the_meters_disagree():
+    case = _case(0)
+    m = _step(case, hide_bytes=2**20)
+    checks = meter_checks(case, m)
+    assert agreement(checks) == "disagree"
+    assert 2**20 <= checks[0].difference <= 2**20 + SCALARS_BOUND
+
+
+def test_a_missing_meter_is_unchecked_never_agreement():
+    case = _case(0)
+    assert agreement(meter_checks(case, {"tracked_start_bytes": 0, "tracked_resident_peak_bytes": 10})) == "unchecked"
+    cuda = Case(model=preset("llama-tiny", dtype="bf16"), train=TrainSpec(), batch_size=1, seq_len=8, device="cuda")
+    assert agreement(meter_checks(cuda, {"cuda_reserved_at_stop_bytes": 2**30})) == "unchecked"
+    # the driver counts the context on top of the allocator's blocks: less than the blocks is impossible
+    assert agreement(meter_checks(cuda, {"cuda_reserved_at_stop_bytes": 2**30,
+                                         "nvml_process_used_bytes": 2**30 + 500 * 2**20})) == "agree"
+    assert agreement(meter_checks(cuda, {"cuda_reserved_at_stop_bytes": 2**30,
+                                         "nvml_process_used_bytes": 2**29})) == "disagree"
