@@ -169,4 +169,5 @@ class Suite:
     timeout_s: float = 300.0
     memory_budget_bytes: int | None = None
     budgets_gib: tuple[float, ...] = ()
+    repeats: int = 1  # each Case runs this many times, in fresh workers, interleaved across Cases
     text: str = ""

@@ -44,7 +44,7 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memory_budget_gib": (int, float),
-              "budgets_gib": list, "device": str}
+              "budgets_gib": list, "device": str, "repeats": int}
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
 MODEL_KEYS = {"preset": str, "family": str, "dtype": str, "attn": str, "label": str,
               "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
@@ -209,7 +209,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         ck.fail("sweep.seq_len", "must be >= 2: a causal LM predicts token t+1 from tokens up to t")
     if max(axes["seq_len"]) > model.max_positions:
         ck.fail("sweep.seq_len", f"{max(axes['seq_len'])} exceeds model.max_positions={model.max_positions}")
-    for key in ("timeout_s", "memory_budget_gib"):
+    for key in ("timeout_s", "memory_budget_gib", "repeats"):
         if key in suite:
             ck.positive(f"suite.{key}", suite[key])
     budgets = suite.get("budgets_gib", [])
@@ -232,6 +232,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         timeout_s=float(suite.get("timeout_s", 300.0)),
         memory_budget_bytes=int(budget * 2**30) if budget else None,
         budgets_gib=tuple(float(b) for b in budgets),
+        repeats=int(suite.get("repeats", 1)),
         text=text,
     )
 

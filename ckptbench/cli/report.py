@@ -60,7 +60,8 @@ def cmd_compare(args) -> int:
     from ..report.compare import comparison_table, summary_lines
     from ..store.compare import Thresholds, compare_paths
 
-    comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time))
+    comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time,
+                                                              drift=not args.no_drift_correction))
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=2, default=str))
     else:
@@ -86,6 +87,8 @@ def add_parsers(sub) -> None:
     p.add_argument("new", help="candidate, of the same kind as OLD")
     p.add_argument("--fail-memory", type=_percent, default="2%", metavar="PCT",
                    help="fail when peak / after-forward / saved-activation memory grows by more (default 2%%)")
+    p.add_argument("--no-drift-correction", action="store_true",
+                   help="judge each point's raw time change, not its change relative to the shift all points share")
     p.add_argument("--fail-time", type=_percent, default="10%", metavar="PCT",
                    help="fail when median step time grows or tokens/s drops by more (default 10%%)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")

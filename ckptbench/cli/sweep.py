@@ -36,6 +36,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
 def _fmt_mib(value) -> str:
     return "-" if value is None else f"{value / 2**20:.2f}"
 
@@ -108,13 +118,14 @@ def _projection(cases, measured):
     return projection, projection.text()
 
 
-def _still_to_run(cases, out: str, resume: bool):
-    """The Cases a sweep into `out` would run (what the projection gate must weigh)."""
+def _still_to_run(cases, out: str, resume: bool, repeats: int):
+    """The Cases a sweep into `out` would run, once per repeat (what the projection gate must weigh)."""
     from ..run.sweep import pending
     from ..store.records import load_records
 
-    recorded = load_records(out).records if os.path.isfile(os.path.join(out, "records.jsonl")) else []
-    return pending(cases, recorded, resume)[0]
+    path = os.path.join(out, "records.jsonl")
+    recorded = load_records(path, merged=False).records if os.path.isfile(path) else []
+    return [case for case, _ in pending(cases, recorded, resume, repeats)[0]]
 
 
 def _memory_line(cases, cap: int | None) -> str:
@@ -195,30 +206,32 @@ def cmd_sweep(args) -> int:
     if len(cases) > MAX_POINTS and not args.yes:
         raise UsageError(f"{len(cases)} points to run (more than {MAX_POINTS:,}): look at them with --dry-run, "
                          "then pass --yes to run them")
+    repeats = args.repeat or suite.repeats
     rates = functools.cache(lambda: machine_rates(cases))  # measured once, only when it is needed
     if args.max_minutes and not args.yes:
-        projection = _projection(_still_to_run(cases, out, args.resume), rates())[0]
+        projection = _projection(_still_to_run(cases, out, args.resume, repeats), rates())[0]
         if projection is not None and projection.seconds > 60 * args.max_minutes:
             raise UsageError(f"projected {projection.seconds / 60:.1f} min > --max-minutes {args.max_minutes:g}: "
                              "points not started by then would be recorded skipped; pass --yes to start anyway, "
                              "or plan less")
     options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
-                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force)
+                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats)
     plan_state: dict = {}
 
     def on_start(todo):  # the directory was accepted: say what will run and how long it should take
         if todo:
-            plan_state["projection"], line = _projection(todo, rates())
-            console.print(f"{len(todo)} points to run; {line}")
+            plan_state["projection"], line = _projection([case for case, _ in todo], rates())
+            times = f" ({len({c.id for c, _ in todo})} points, up to {repeats} times each)" if repeats > 1 else ""
+            console.print(f"{len(todo)} runs to do{times}; {line}")
     from ..theory.annotate import annotate_record
 
     with _progress() as progress:
-        task = progress.add_task(suite.name, total=len(cases), last="")
+        task = progress.add_task(suite.name, total=len(cases) * repeats, last="")
 
         def on_record(record, k, total):
             m = record.get("measurement") or {}
             peak = _fmt_mib(m.get("peak_bytes"))
-            progress.update(task, completed=len(cases) - total + k,
+            progress.update(task, completed=len(cases) * repeats - total + k,
                             last=f"{record['strategy']} b={record['case']['batch_size']} "
                                  f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
 
@@ -230,7 +243,7 @@ def cmd_sweep(args) -> int:
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
                           f"  python -m ckptbench sweep --suite {args.suite} --out {out} --resume")
             return 130
-        progress.update(task, completed=len(cases))
+        progress.update(task, completed=len(cases) * repeats)
     if result.skipped_ids:
         console.print(f"resume: {len(result.skipped_ids)} cases already in {out} were skipped")
     console.print(_took(result.records, time.monotonic() - started))
@@ -239,8 +252,11 @@ def cmd_sweep(args) -> int:
     loaded = load_records(out)
     for problem in loaded.problems:
         console.print(f"[yellow]warning:[/yellow] {problem}")
-    single = [r for r in result.records if r["case"]["world_size"] == 1]
-    multi = [r for r in result.records if r["case"]["world_size"] > 1]
+    from ..store.records import latest_per_case
+
+    shown = latest_per_case(result.records)  # a Case run several times is one row, its times pooled
+    single = [r for r in shown if r["case"]["world_size"] == 1]
+    multi = [r for r in shown if r["case"]["world_size"] > 1]
     if single or not multi:
         console.print(summary_table(single))
     if multi:
@@ -274,6 +290,9 @@ def add_parser(sub) -> None:
                         "stopped and recorded oom, a point estimated above it is not started")
     p.add_argument("--force", action="store_true",
                    help="start points whose estimated peak exceeds the memory available (recorded skipped otherwise)")
+    p.add_argument("--repeat", type=_at_least_one, metavar="N",
+                   help="run each point N times in fresh workers, interleaved (A B C A B C ...); times are pooled "
+                        "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
     p.set_defaults(func=cmd_sweep)

@@ -50,6 +50,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "step_s": ("measurement.step_time_median_s", "num"),
     "step_p90_s": ("measurement.step_time_p90_s", "num"),
     "step_cv": ("measurement.step_time_cv", "num"),
+    "step_ci": ("measurement.step_time_ci95_s", "obj"),  # bootstrap 95 % interval of the median
+    "step_times": ("measurement.step_times_s", "obj"),
     "tok_s": ("measurement.tokens_per_s", "num"),
     "setup_s": ("measurement.setup_s", "num"),
     "losses": ("measurement.losses", "obj"),
@@ -77,8 +79,8 @@ CHECK_FIELDS = ("quantity", "measured", "estimated", "ratio", "tolerance", "verd
 
 # Environment keys shown first, in this order; any other env.* column follows.
 ENV_FIRST = ("device_name", "driver", "cuda_runtime", "torch", "torch_version", "transformers_version",
-             "accelerate_version", "numpy_version", "python", "platform", "cpu", "cpu_count", "hostname",
-             "git_commit")
+             "accelerate_version", "numpy_version", "python", "platform", "cpu", "cpu_count", "torch_threads",
+             "thread_env", "load_average", "hostname", "git_commit")
 
 
 def _missing(value) -> bool:
@@ -109,6 +111,8 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
                                                                          out["offload"])]
     out["variant"] = [_variant(r) for r in out.itertuples()]
     out["ok"] = out["status"] == "ok"
+    out["step_ci_lo"] = [ci[0] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
+    out["step_ci_hi"] = [ci[1] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     return out
 
 

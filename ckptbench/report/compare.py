@@ -22,13 +22,18 @@ def format_value(quantity: str, value: float | None) -> str:
 
 
 def _verdict(delta) -> str:
+    judged = "" if delta.judged_change is None or delta.change is None or \
+        abs(delta.judged_change - delta.change) < 0.0005 else f" {format_change(delta.judged_change)} vs common"
+    p = f"{judged} (p={delta.p_value:.2g})" if delta.p_value is not None else judged
     if delta.regressed:
-        return "[bold red]REGRESSED[/bold red]"
+        return f"[bold red]REGRESSED[/bold red]{p}"
     if delta.improved:
-        return "[green]improved[/green]"
+        return f"[green]improved[/green]{p}"
     if delta.change is None:
         return "n/a"
-    return ""
+    if delta.verdict == "noisy":
+        return f"[yellow]noisy[/yellow]{p}"
+    return delta.verdict if delta.verdict in ("untested",) else ""
 
 
 def _spread_note(point: PointComparison) -> str:
@@ -36,6 +41,14 @@ def _spread_note(point: PointComparison) -> str:
         return "?" if value is None else f"{value:.0%}"
 
     return f"old {pct(point.old_spread)}, new {pct(point.new_spread)}"
+
+
+def len_note(point: PointComparison) -> str:
+    d = next((d for d in point.deltas if d.old_ci), None)
+    if d is None:
+        return "intervals unknown"
+    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms, "
+            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms" if d.new_ci else "intervals unknown")
 
 
 def _name(point) -> str:
@@ -77,9 +90,23 @@ def summary_lines(comparison: Comparison) -> list[str]:
     lines = [f"note: {p}" for p in comparison.problems]
     if comparison.env_changes:
         lines.append("environment changed: " + "; ".join(comparison.env_changes))
+    shift = comparison.common_shift
+    if shift is not None:
+        lines.append(f"common shift: the points' step times moved together by {shift:+.1%} (median of the "
+                     f"ratios); each time verdict is judged relative to it")
+        if abs(shift) > t.time:
+            lines.append(f"COMMON SHIFT {shift:+.1%} beyond the {t.time:.0%} time threshold: the machine, or a change "
+                         "that moves every point alike; two runs cannot tell which: rerun both on one quiet machine")
     for p in comparison.noisy:
-        lines.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
-                     f"than the {t.time:.0%} time threshold; run more steps before trusting its time verdict")
+        tested = [d for d in p.deltas if d.verdict == "noisy"]
+        if tested:
+            d = tested[0]
+            lines.append(f"noisy comparison: {_name(p)}: {d.label} {format_change(d.change)} is beyond the "
+                         f"{t.time:.0%} threshold but not significant (Mann-Whitney p={d.p_value:.2g}, "
+                         f"{len_note(p)}); run more steps or --repeat before trusting it")
+        else:
+            lines.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
+                         f"than the {t.time:.0%} time threshold; run more steps before trusting its time verdict")
     for side, points in (("old", comparison.only_old), ("new", comparison.only_new)):
         for p in points:
             lines.append(f"only in {side}: {_name(p)} ({p.status}); not compared, does not fail")

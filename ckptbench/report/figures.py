@@ -190,6 +190,12 @@ def _scatter_front(ax, ok, names, colors, front, y, scale) -> None:
         style = _line_style(name)
         ax.scatter(s["peak"] / MIB, s[y] * scale, label=name, s=36, zorder=3, marker=style["marker"],
                    facecolors="none" if "markerfacecolor" in style else colors[name], edgecolors=colors[name])
+        if y == "step_s" and "step_ci_lo" in s:  # the median's bootstrap 95 % interval, where there is one
+            ci = s.dropna(subset=["step_ci_lo", "step_ci_hi"])
+            if not ci.empty:
+                ax.errorbar(ci["peak"] / MIB, ci[y] * scale,
+                            yerr=[(ci[y] - ci["step_ci_lo"]) * scale, (ci["step_ci_hi"] - ci[y]) * scale],
+                            fmt="none", ecolor=colors[name], elinewidth=1, capsize=3, zorder=2)
     ax.plot(front["peak"] / MIB, front[y] * scale, color="black", linewidth=1, zorder=2, label="Pareto front")
     ax.scatter(front["peak"] / MIB, front[y] * scale, facecolors="none", edgecolors="black", s=110, zorder=4)
 
@@ -231,7 +237,8 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
                   "median step time against peak memory per workload, with the Pareto front",
                   f"Within each panel the work per step is the same; circled points form that panel's Pareto "
                   f"front (no other strategy is both faster and smaller). {on_front} of {len(ok)} points are "
-                  f"on a front.")
+                  f"on a front. Error bars: bootstrap 95 % interval of each median over its timed steps "
+                  f"(repeats pooled; none with fewer than 3 steps).")
 
 
 BREAKDOWN = (("bd_params", "params"), ("bd_grads", "grads"), ("bd_optimizer", "optimizer"),

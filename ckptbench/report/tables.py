@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from ..store.stats import ratio_ci
 from .columns import CHECK_FIELDS, env_columns, strategies, strategy_order
 
 GIB = 2**30
@@ -103,7 +104,8 @@ def savings(t: pd.DataFrame) -> list[dict]:
     """Each checkpointing strategy against 'none' at the same variant, batch and sequence length.
 
     Saving is 1 − strategy/none in percent (positive = less memory); cost is the step-time ratio ×.
-    With several matched points the median is shown with the range.
+    With several matched points the median is shown with the range; ``time_x_ci`` spans the bootstrap 95 %
+    intervals of the matched points' time ratios (each side's step times resampled on its own).
     """
     ok = t[t["ok"]]
     key = ["variant", "batch", "seq"]
@@ -112,7 +114,7 @@ def savings(t: pd.DataFrame) -> list[dict]:
     for strat in strategies(ok):
         if strat == "none":
             continue
-        peak, fwd, time_x, tok_x = [], [], [], []
+        peak, fwd, time_x, tok_x, time_ci = [], [], [], [], []
         for _, r in ok[ok["strategy"] == strat].iterrows():
             k = (r["variant"], r["batch"], r["seq"])
             if k not in base.index:
@@ -124,6 +126,9 @@ def savings(t: pd.DataFrame) -> list[dict]:
                 fwd.append((1 - r["after_fwd"] / b["after_fwd"]) * 100)
             if b["step_s"] > 0 and not math.isnan(r["step_s"]):
                 time_x.append(r["step_s"] / b["step_s"])
+                ci = ratio_ci(r["step_times"] or [], b["step_times"] or [])
+                if ci:
+                    time_ci.append(ci)
             if b["tok_s"] > 0 and not math.isnan(r["tok_s"]):
                 tok_x.append(r["tok_s"] / b["tok_s"])
         if not (peak or fwd or time_x):
@@ -132,6 +137,9 @@ def savings(t: pd.DataFrame) -> list[dict]:
                      "peak_saving": _range(peak, lambda v: f"{v:.1f} %"),
                      "fwd_saving": _range(fwd, lambda v: f"{v:.1f} %"),
                      "time_x": _range(time_x, lambda v: f"{v:.2f}×"),
+                     # bootstrap 95 % intervals of each point's ratio of medians: their envelope
+                     "time_x_ci": (f"[{min(lo for lo, _ in time_ci):.2f}×, {max(hi for _, hi in time_ci):.2f}×]"
+                                   if time_ci else "–"),
                      "tok_x": _range(tok_x, lambda v: f"{v:.2f}×")})
     return rows
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow", "hog", "hog-kill")
+FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow", "slower", "hog", "hog-kill")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """What to do inside the worker: raise, segfault, hang, exit(3), sleep ``seconds`` per timed step, or
+    """What to do inside the worker: raise, segfault, hang, exit(3), sleep ``seconds`` per timed step, make
+    each timed step ``fraction`` longer than it was (``slower``: 0.2 is a 20 % slowdown), or
     grow its resident memory to ``nbytes`` and hold it (``hog``) or then die of SIGKILL as the kernel's
     OOM killer would make it (``hog-kill``)."""
 
     kind: str
     seconds: float = 0.0
     nbytes: int = 0
+    fraction: float = 0.0

@@ -23,6 +23,9 @@ from .fits import too_big
 from .forkserver import IsolatedRunner
 from .lifeline import SweepLock
 
+# Variables that set a math library's thread count behind torch's back.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 
 class Interrupted(Exception):
     """Ctrl-C during a sweep: the worker in flight was stopped, every finished record is kept."""
@@ -41,7 +44,8 @@ class SweepOptions:
     max_minutes: float | None = None  # Cases not started this long after the sweep began are recorded as skipped
     memory_cap: int | None = None  # --memory-gib: a worker holding more is stopped (oom); no point estimated above starts
     force: bool = False  # start points whose estimated peak exceeds the memory available
-    faults: dict = field(default_factory=dict)  # case id -> Fault; tests only
+    repeats: int | None = None  # runs per Case (None: the suite's `repeats`)
+    faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
 
 
 @dataclass
@@ -58,11 +62,19 @@ def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
     return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
 
 
-def pending(planned: list[Case], recorded: list[dict], resume: bool) -> tuple[list[Case], list[str]]:
-    """(the Cases still to run, the ids --resume passes over).  A Case recorded as skipped (deadline, or
-    too big for the memory then available) was never run: --resume runs it."""
-    done = {r["case_id"] for r in recorded if r.get("status") != "skipped"} if resume else set()
-    return [c for c in planned if c.id not in done], [c.id for c in planned if c.id in done]
+def pending(planned: list[Case], recorded: list[dict], resume: bool,
+            repeats: int = 1) -> tuple[list[tuple[Case, int]], list[str]]:
+    """(the (Case, repeat) runs still to do, the ids of Cases --resume passes over entirely).
+
+    Repeats are interleaved, every Case once and then every Case again (A B C A B C ...), so a slow drift
+    of the machine spreads over all Cases instead of landing on the last ones.  A run recorded as
+    skipped (deadline, or too big for the memory then available) was never run: --resume runs it.
+    """
+    done = ({(r["case_id"], r.get("repeat", 0)) for r in recorded if r.get("status") != "skipped"}
+            if resume else set())
+    todo = [(c, k) for k in range(repeats) for c in planned if (c.id, k) not in done]
+    passed = [c.id for c in planned if all((c.id, k) in done for k in range(repeats))]
+    return todo, passed
 
 
 def _run_group(case: Case, work_dir: str, timeout: float) -> dict:
@@ -104,9 +116,23 @@ def _keep_suite_text(suite: Suite, run_dir: str, recorded_ids: set[str]) -> None
         write_text_atomic(path, suite.text)
 
 
-def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None) -> dict:
+def _load_now(result: dict) -> dict:
+    """What else ran on the machine (load average as the point ended) and the threads the point used."""
+    env = {"load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    threads = (result.get("measurement") or {}).get("threads")
+    if threads is not None:
+        env["torch_threads"] = threads
+    set_vars = [f"{k}={os.environ[k]}" for k in THREAD_VARS if k in os.environ]
+    env["thread_env"] = " ".join(set_vars) or "unset"
+    return env
+
+
+def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None, repeat: int = 0,
+                repeats: int = 1) -> dict:
     record = {
         "case_id": case.id,
+        "repeat": repeat,
+        "repeats": repeats,
         "suite": suite.name,
         "case": case.to_dict(),
         "strategy": case.strategy,
@@ -116,7 +142,7 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
         "stderr_tail": result.get("stderr_tail", ""),
         "wall_s": result.get("wall_s"),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "env": {**host_env, **result.get("device_env", {})},
+        "env": {**host_env, **result.get("device_env", {}), **_load_now(result)},
     }
     if result.get("host_memory"):
         record["host_memory"] = result["host_memory"]  # what the sweep saw of a worker that was stopped or killed
@@ -127,10 +153,10 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
 
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
               annotate: Callable[[Case, dict], None] | None = None,
-              on_start: Callable[[list[Case]], None] | None = None) -> SweepResult:
+              on_start: Callable[[list[tuple[Case, int]]], None] | None = None) -> SweepResult:
     """Run the planned Cases not yet in the store; append one record per Case as soon as it ends.
 
-    `on_start` sees the Cases about to run once the directory has been accepted (lock held, no
+    `on_start` sees the (Case, repeat) runs about to start once the directory has been accepted (lock held, no
     duplicates), so what the CLI says will run is what runs.
     """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
@@ -154,7 +180,8 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
         if again:
             raise UsageError(f"{options.out_dir} already holds {len(again)} of the {len(planned)} points this sweep "
                              "would run; add --resume to run only the missing ones, or choose another --out")
-    todo, skipped = pending(planned, recorded, options.resume)
+    repeats = options.repeats or suite.repeats
+    todo, skipped = pending(planned, recorded, options.resume, repeats)
     if on_start is not None:
         on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
@@ -164,7 +191,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     try:
-        for k, case in enumerate(todo):
+        for k, (case, repeat) in enumerate(todo):
             fault = options.faults.get(case.id)
             if deadline is not None and time.monotonic() >= deadline:
                 result = {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
@@ -176,7 +203,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
             else:
                 result = runner.run(case, work_dir, timeout, fault, options.memory_cap)
             _judge_budget(result, suite.memory_budget_bytes)
-            record = make_record(suite, case, result, host_env, annotate)
+            record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
             store.append(record)
             records.append(record)
             if on_record is not None:

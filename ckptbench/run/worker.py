@@ -92,7 +92,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     device = torch.device(case.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise Unsupported(f"device 'cuda' requested, but this torch ({torch.__version__}) sees no CUDA device")
-    if fault is not None and fault.kind != "slow":
+    if fault is not None and fault.kind not in ("slow", "slower"):
         inject(fault)
 
     offload_pinned = None
@@ -129,9 +129,12 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         for _ in range(case.train.steps):
             steps.before_step()
             timer.start()
+            t_step = time.perf_counter()
             losses.append(train_step(model, optimizer, batch, case.grad_accum))
             if fault is not None and fault.kind == "slow":
                 time.sleep(fault.seconds)
+            if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
+                time.sleep(fault.fraction * (time.perf_counter() - t_step))
             timer.stop()
             steps.after_step()
         stats = StepStats.of(timer.times())  # the window's one synchronise (CUDA)

@@ -14,12 +14,20 @@ Verdicts, and why the defaults are what they are:
   rounding, so a couple of percent is a real change, not noise.
   Checkpointed-input bytes are shown but do not gate: a change there also moves saved activations.
 - **Time** regresses when the median step time grows, or tokens/s drops, by more than ``--fail-time``
-  (default 10%).  Medians, because one slow step (a page fault, a neighbour) should not decide.  Short
-  CPU runs scatter by several percent, so a tighter default would cry wolf.  When the spread of the
-  step times on either side (p90/median - 1, or the coefficient of variation, whichever is wider) is
-  wider than the time threshold, the point is marked a *noisy comparison*: the verdict still counts,
-  since a median shift beyond the threshold is the best evidence there is, but the reader is told to
-  run more steps before trusting it.
+  (default 10%) *and* the step times say so: a one-sided Mann–Whitney U test gives p < 0.05, over one
+  median per repeat when both runs have 3 or more repeats (steps of one worker share its conditions,
+  so they are not independent samples), else over every timed step.  Medians, because one slow step (a page fault, a
+  neighbour) should not decide; a rank test, because step times are not normal.  A change beyond the
+  threshold that is not significant is *noisy* (run more steps, or ``--repeat``), never a regression: a
+  run of 3 steps cannot prove anything about a 10% shift, and saying so is the honest answer.  Each
+  time delta carries its p-value and both medians' bootstrap 95% intervals (``--json``).  Records
+  without per-step times (older files, benchmark JSON without ``data``) are judged on the threshold
+  alone and marked *untested*.
+- **Common shift**: with 4 or more points on both sides, the median of their step-time ratios is the
+  shift every point shares (a slower machine today moves all of them); time is judged relative to it,
+  and the shift itself is stated on its own line, flagged when beyond the threshold, without failing:
+  from two runs alone a slower machine and a change that slows every point alike cannot be told apart.
+  ``--no-drift-correction`` judges the raw change instead.
 - **Status**: a point that was ``ok`` and now is not (oom, timeout, crash, ...) is a regression.
 - **One-sided points** (in OLD only or NEW only) are listed, never dropped, but do not by themselves fail
   the comparison: adding or retiring points is how suites evolve, and a removed point cannot hide a
@@ -32,42 +40,32 @@ the HTML report; :func:`load_side` reads a path; :mod:`ckptbench.report.compare`
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError
-from ..measure.timing import nearest_rank
-from .records import RECORDS, latest_per_case, load_records
+from .points import (
+    BENCHMARK,
+    QUANTITIES,
+    QUANTITY_BY_KEY,
+    SWEEP,
+    Point,
+    Quantity,
+    env_changes,
+    first_env,
+    load_side,
+    points_from_records,
+    record_label,
+)
+from .stats import ALPHA, faster_p_value, median_ci, slower_p_value
+
+__all__ = ["BENCHMARK", "QUANTITIES", "QUANTITY_BY_KEY", "SWEEP", "Comparison", "Delta", "Point", "PointComparison",
+           "Quantity", "Thresholds", "compare_paths", "compare_points", "compare_runs", "format_change", "load_side",
+           "parse_percent", "record_label"]
 
 DEFAULT_MEMORY_THRESHOLD = 0.02
 DEFAULT_TIME_THRESHOLD = 0.10
-SWEEP, BENCHMARK = "sweep", "pytest-benchmark"
 HELP = __doc__.split("\n\nFor other code")[0]  # the docstring without its note for programmers
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A compared number: where it lives in a measurement, and which direction is worse."""
-
-    key: str
-    label: str
-    kind: str  # memory | time
-    unit: str  # bytes | s | 1/s
-    higher_is_worse: bool = True
-    gates: bool = True  # False: shown for context, never fails the comparison
-
-
-QUANTITIES = (
-    Quantity("peak_bytes", "peak memory", "memory", "bytes"),
-    Quantity("mem_after_forward_bytes", "after-forward memory", "memory", "bytes"),
-    Quantity("saved_bytes", "saved activations", "memory", "bytes"),
-    Quantity("checkpointed_input_bytes", "checkpointed inputs", "memory", "bytes", gates=False),
-    Quantity("step_time_median_s", "step time (median)", "time", "s"),
-    Quantity("tokens_per_s", "tokens/s", "time", "1/s", higher_is_worse=False),
-)
-QUANTITY_BY_KEY = {q.key: q for q in QUANTITIES}
 
 
 @dataclass(frozen=True)
@@ -76,6 +74,7 @@ class Thresholds:
 
     memory: float = DEFAULT_MEMORY_THRESHOLD
     time: float = DEFAULT_TIME_THRESHOLD
+    drift: bool = True  # judge time relative to the shift every point shares (see common_shift)
 
     def for_kind(self, kind: str) -> float:
         return self.memory if kind == "memory" else self.time
@@ -97,17 +96,6 @@ def parse_percent(text: str) -> float:
     return value / 100
 
 
-@dataclass(frozen=True)
-class Point:
-    """One side of a matched pair, reduced to the numbers compare looks at."""
-
-    key: str  # Case id, or a benchmark's fullname
-    label: str
-    status: str
-    values: dict  # quantity key -> float | None
-    spread: float | None = None  # relative spread of the step times (see module docstring)
-
-
 @dataclass
 class Delta:
     quantity: str  # Quantity.key
@@ -117,6 +105,14 @@ class Delta:
     change: float | None  # (new - old) / old; inf when old is 0 and new is not
     regressed: bool = False
     improved: bool = False
+    # time only: one-sided Mann-Whitney U p-value for the change's direction, the medians' bootstrap 95 %
+    # intervals, and the verdict: regression / improvement / no change / noisy (beyond the threshold but
+    # not significant) / untested (no per-step times: judged on the threshold alone)
+    p_value: float | None = None
+    old_ci: list | None = None
+    new_ci: list | None = None
+    verdict: str = ""
+    judged_change: float | None = None  # the change judged: relative to the runs' common shift (time only)
 
 
 @dataclass
@@ -154,6 +150,7 @@ class Comparison:
     only_new: list[Point]
     problems: list[str] = field(default_factory=list)
     env_changes: list[str] = field(default_factory=list)
+    common_shift: float | None = None  # median step-time ratio new/old over the common points, minus 1
 
     @property
     def regressions(self) -> list[PointComparison]:
@@ -185,7 +182,30 @@ def format_change(change: float | None) -> str:
 
 # --------------------------------------------------------------------------------------------- judging
 
-def _delta(q: Quantity, old: float | None, new: float | None, thresholds: Thresholds) -> Delta:
+MIN_POINTS_FOR_SHIFT = 4
+
+
+def common_shift(pairs: list[tuple[Point, Point]]) -> float | None:
+    """How much every point's step time moved together: the median of the new/old ratios of medians,
+    minus 1, over the points ok on both sides (None with fewer than 4).
+
+    A machine that runs 10 % slower today (a neighbour, thermal state, another VM on the host) moves every
+    point; a code change that slows one setting moves one.  Judging each point relative to the shared
+    move keeps the first from being called a regression of every point.  A change that slows every point
+    alike is then this shift, stated on its own line rather than blamed on each point.
+    """
+    ratios = sorted(n.values["step_time_median_s"] / o.values["step_time_median_s"] for o, n in pairs
+                    if o.status == n.status == "ok" and o.values.get("step_time_median_s")
+                    and n.values.get("step_time_median_s"))
+    if len(ratios) < MIN_POINTS_FOR_SHIFT:
+        return None
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return median - 1
+
+
+def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float = 0.0) -> Delta:
+    old, new = o.values.get(q.key), n.values.get(q.key)
     if old is None or new is None:
         return Delta(q.key, q.label, old, new, None)
     if old == 0:
@@ -194,7 +214,41 @@ def _delta(q: Quantity, old: float | None, new: float | None, thresholds: Thresh
         change = (new - old) / abs(old)
     worse = change if q.higher_is_worse else -change
     limit = thresholds.for_kind(q.kind)
-    return Delta(q.key, q.label, old, new, change, regressed=q.gates and worse > limit, improved=-worse > limit)
+    if q.kind != "time":
+        return Delta(q.key, q.label, old, new, change, regressed=q.gates and worse > limit, improved=-worse > limit)
+    return _time_delta(q, o, n, change, limit, shift)
+
+
+def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, shift: float) -> Delta:
+    """A time change counts only when it is beyond the threshold *and* significant: the step times of the
+    two runs, ranked together, say the new ones are slower (faster) with p < ALPHA.  Both are judged after
+    taking out the runs' common shift (the new step times divided by 1 + shift)."""
+    old, new = o.values[q.key], n.values[q.key]
+    old_ci, new_ci = median_ci(list(o.samples)), median_ci(list(n.samples))
+    d = Delta(q.key, q.label, old, new, change, old_ci=list(old_ci) if old_ci else None,
+              new_ci=list(new_ci) if new_ci else None)
+    factor = 1 + shift  # step time new/old that every point shares
+    adjusted = new / factor if q.higher_is_worse else new * factor
+    d.judged_change = (adjusted - old) / abs(old) if old else change
+    worse = d.judged_change if q.higher_is_worse else -d.judged_change
+    new_samples = [t / factor for t in n.samples]
+    # step time: higher is worse; tokens/s is its inverse, so "worse" means slower steps either way
+    slower = worse > 0
+    if len(o.samples) < 2 or len(n.samples) < 2:
+        d.verdict = "untested"  # no per-step times (an old record, a benchmark file without data)
+        d.regressed, d.improved = q.gates and worse > limit, -worse > limit
+        return d
+    d.p_value = (slower_p_value if slower else faster_p_value)(list(o.samples), new_samples)
+    significant = d.p_value is not None and d.p_value < ALPHA
+    if abs(worse) <= limit:
+        d.verdict = "no change"
+    elif not significant:
+        d.verdict = "noisy"
+    elif slower:
+        d.verdict, d.regressed = "regression", q.gates
+    else:
+        d.verdict, d.improved = "improvement", True
+    return d
 
 
 def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = Thresholds(),
@@ -204,6 +258,7 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
     old_by = {p.key: p for p in old if p.status != "skipped"}
     new_by = {p.key: p for p in new if p.status != "skipped"}
     points = []
+    shift = common_shift([(o, new_by[k]) for k, o in old_by.items() if k in new_by]) if thresholds.drift else None
     for key, o in old_by.items():
         n = new_by.get(key)
         if n is None:
@@ -211,13 +266,17 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
         pc = PointComparison(key, n.label or o.label, o.status, n.status,
                              status_regressed=o.status == "ok" and n.status != "ok",
                              old_spread=o.spread, new_spread=n.spread)
-        pc.deltas = [_delta(q, o.values.get(q.key), n.values.get(q.key), thresholds) for q in QUANTITIES
+        pc.deltas = [_delta(q, o, n, thresholds, shift or 0.0) for q in QUANTITIES
                      if o.values.get(q.key) is not None or n.values.get(q.key) is not None]
-        pc.noisy = any(s is not None and s > thresholds.time for s in (o.spread, n.spread))
+        tested = any(d.verdict not in ("", "untested") for d in pc.deltas)
+        # noisy: a time change beyond the threshold that the step times cannot back; without per-step
+        # times, a spread wider than the threshold on either side
+        pc.noisy = (any(d.verdict == "noisy" for d in pc.deltas) if tested
+                    else any(s is not None and s > thresholds.time for s in (o.spread, n.spread)))
         points.append(pc)
     return Comparison(kind, thresholds, points,
                       only_old=[p for k, p in old_by.items() if k not in new_by],
-                      only_new=[p for k, p in new_by.items() if k not in old_by])
+                      only_new=[p for k, p in new_by.items() if k not in old_by], common_shift=shift)
 
 
 def compare_runs(old_records: list[dict], new_records: list[dict],
@@ -227,142 +286,8 @@ def compare_runs(old_records: list[dict], new_records: list[dict],
     new, new_problems = points_from_records(new_records)
     comparison = compare_points(old, new, thresholds, SWEEP)
     comparison.problems += [f"old: {p}" for p in old_problems] + [f"new: {p}" for p in new_problems]
-    comparison.env_changes = env_changes(_first_env(old_records), _first_env(new_records))
+    comparison.env_changes = env_changes(first_env(old_records), first_env(new_records))
     return comparison
-
-
-# --------------------------------------------------------------------------------------------- reading
-
-def _spread(median, p90, cv) -> float | None:
-    """The wider of p90/median - 1 and the coefficient of variation; None when neither is known."""
-    candidates = []
-    if median and p90 is not None and median > 0:
-        candidates.append(p90 / median - 1)
-    if cv is not None and not math.isnan(cv):
-        candidates.append(cv)
-    return max(candidates) if candidates else None
-
-
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
-
-
-def record_label(record: dict) -> str:
-    c = record.get("case") or {}
-    model = (c.get("model") or {}).get("name") or (c.get("model") or {}).get("family", "?")
-    label = f"{model} {record.get('strategy', '?')} b={c.get('batch_size', '?')} s={c.get('seq_len', '?')}"
-    for key, short in (("grad_accum", "accum"), ("local_sgd_steps", "K"), ("world_size", "world")):
-        if c.get(key) not in (None, 0, 1):
-            label += f" {short}={c[key]}"
-    return label
-
-
-def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
-    """Sweep records to Points; a Case id recorded twice (a rerun into the same directory) keeps the last."""
-    latest = latest_per_case(records)
-    problems = []
-    if len(latest) < len(records):
-        problems.append(f"{len(records) - len(latest)} duplicate record(s) of the same Case; the last one is used")
-    points = []
-    for r in latest:
-        case_id = r["case_id"]
-        m = r.get("measurement") or {}
-        values = {q.key: _number(m.get(q.key)) for q in QUANTITIES}
-        spread = _spread(m.get("step_time_median_s"), m.get("step_time_p90_s"), m.get("step_time_cv"))
-        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread))
-    return points, problems
-
-
-def points_from_benchmark_json(data: dict) -> tuple[list[Point], list[str]]:
-    """pytest-benchmark JSON to Points: time from ``stats`` (median of rounds), memory from ``extra_info``."""
-    problems, by_name = [], {}
-    for bench in data.get("benchmarks", []):
-        name = bench.get("fullname") or bench.get("name")
-        stats = bench.get("stats") or {}
-        if not name or not stats:
-            problems.append(f"benchmark entry without fullname or stats ignored: {bench.get('name')!r}")
-            continue
-        extra = bench.get("extra_info") or {}
-        values = {q.key: _number(extra.get(q.key)) for q in QUANTITIES if q.kind == "memory"}
-        values["step_time_median_s"] = _number(stats.get("median"))
-        values["tokens_per_s"] = _number(extra.get("tokens_per_s"))
-        data_points = sorted(stats.get("data") or [])
-        p90 = nearest_rank(data_points, 0.9) if data_points else None
-        mean, stddev = stats.get("mean"), stats.get("stddev")
-        cv = stddev / mean if mean and stddev is not None else None
-        label = bench.get("name") or name
-        by_name[name] = Point(name, label, extra.get("status", "ok"), values, _spread(stats.get("median"), p90, cv))
-    return list(by_name.values()), problems
-
-
-def _first_env(records: list[dict]) -> dict:
-    return next((r.get("env") or {} for r in records if r.get("env")), {})
-
-
-ENV_KEYS = ("torch_version", "transformers_version", "cpu", "device_name", "driver", "python")
-
-
-def _env_value(value):
-    """pytest-benchmark's machine_info keeps the CPU as a dict; its brand name is what a reader needs."""
-    return (value.get("brand_raw") or str(value)) if isinstance(value, dict) else value
-
-
-def env_changes(old: dict, new: dict) -> list[str]:
-    """Differences in the versions and hardware that most often explain a change."""
-    out = []
-    for k in ENV_KEYS:
-        a, b = _env_value(old.get(k)), _env_value(new.get(k))
-        if (a or b) and a != b:
-            out.append(f"{k}: {a} -> {b}")
-    return out
-
-
-@dataclass
-class Side:
-    """One input of ``compare``: its kind, its points, and what could not be read."""
-
-    path: str
-    kind: str
-    points: list[Point]
-    problems: list[str]
-    env: dict
-
-
-def load_side(path: str) -> Side:
-    """Read a results directory, a records.jsonl or a pytest-benchmark JSON file; UsageError otherwise."""
-    if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file or directory")
-    if os.path.isdir(path) or path.endswith(".jsonl"):
-        return _load_sweep(path)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UsageError(f"{path}: not JSON; expected a results directory or a pytest-benchmark JSON file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise UsageError(f"{path}: not a pytest-benchmark JSON file (no 'benchmarks' list)")
-    points, problems = points_from_benchmark_json(data)
-    env = {**(data.get("machine_info") or {})}
-    return Side(path, BENCHMARK, points, problems, env)
-
-
-def _load_sweep(path: str) -> Side:
-    records_path = os.path.join(path, RECORDS) if os.path.isdir(path) else path
-    if not os.path.exists(records_path):
-        raise UsageError(f"{path}: not a results directory (no {RECORDS})")
-    try:
-        loaded = load_records(records_path)
-    except OSError as exc:
-        raise UsageError(f"{records_path}: cannot read: {exc.strerror or exc}") from None
-    if not loaded.records:
-        detail = f" ({loaded.problems[0]})" if loaded.problems else ""
-        raise UsageError(f"{records_path}: no readable records{detail}")
-    points, problems = points_from_records(loaded.records)
-    return Side(path, SWEEP, points, loaded.problems + problems, _first_env(loaded.records))
 
 
 def compare_paths(old_path: str, new_path: str, thresholds: Thresholds = Thresholds()) -> Comparison:

@@ -14,6 +14,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from .repeats import merge_repeats
+
 SCHEMA_VERSION = 1
 RECORDS = "records.jsonl"
 STATUSES = ("ok", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
@@ -54,7 +56,8 @@ class RecordStore:
             os.close(fd)
 
     def load(self) -> LoadedRecords:
-        return load_records(self.path)
+        """The last line of each (Case, repeat), repeats not merged: what a sweep resumes from."""
+        return load_records(self.path, merged=False)
 
 
 def _repair_torn_tail(fd: int) -> None:
@@ -76,7 +79,8 @@ def _jsonable(obj):
     return str(obj)
 
 
-def load_records(path: str) -> LoadedRecords:
+def load_records(path: str, merged: bool = True) -> LoadedRecords:
+    """Every readable record of a run, one per Case (`merged`) or one per (Case, repeat)."""
     out = LoadedRecords()
     if os.path.isdir(path):
         path = os.path.join(path, RECORDS)
@@ -103,17 +107,30 @@ def load_records(path: str) -> LoadedRecords:
             out.problems.append(f"{path}:{number}: schema {record.get('schema')!r} != {SCHEMA_VERSION} ignored")
             continue
         out.records.append(record)
-    out.records = latest_per_case(out.records)
+    out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())
     return out
 
 
 def latest_per_case(records: list[dict]) -> list[dict]:
-    """One record per Case, the last one written: a point recorded as ``skipped`` (deadline) and run
-    later by ``--resume`` has two lines, and the later one is the result.  Order of first appearance."""
-    latest: dict[str, dict] = {}
+    """One record per Case.  The last line of each (Case, repeat) wins: a point recorded as ``skipped``
+    (deadline) and run later by ``--resume`` has two lines, and the later one is the result.  A Case run
+    several times is merged into one record (:func:`~.repeats.merge_repeats`).  Order of first appearance."""
+    groups: dict[str, list[dict]] = {}
+    for (case_id, _), record in _latest_lines(records).items():
+        groups.setdefault(case_id, []).append(record)
+    return [merge_repeats(group) for group in groups.values()]
+
+
+def _latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:
+    latest: dict[tuple[str, int], dict] = {}
     for record in records:
-        latest[record["case_id"]] = record  # a later line replaces an earlier one, in its place
-    return list(latest.values())
+        latest[(record["case_id"], record.get("repeat", 0))] = record  # a later line replaces an earlier one
+    return latest
+
+
+def distinct_runs(records: list[dict]) -> int:
+    """How many (Case, repeat) pairs the lines hold: more lines than that are reruns of the same pair."""
+    return len({(r["case_id"], r.get("repeat", 0)) for r in records})
 
 
 def to_frame(records: list[dict]):

@@ -33,7 +33,7 @@ preset = "llama-tiny"
 [train]
 warmup_steps = 1
 memory_steps = 1
-steps = 3
+steps = 5
 threads = 1
 
 [sweep]
@@ -106,6 +106,8 @@ def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, c
     step = next(d for d in point["deltas"] if d["quantity"] == "step_time_median_s")
     assert point["regressed"] and step["regressed"]
     assert step["new"] >= 0.05  # the injected sleep is inside the timed step
+    assert step["verdict"] == "regression" and step["p_value"] < 0.01  # 5 steps against 5, all slower
+    assert step["old_ci"][1] < step["new_ci"][0]
     tokens = next(d for d in point["deltas"] if d["quantity"] == "tokens_per_s")
     assert tokens["regressed"]
 

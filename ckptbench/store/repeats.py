@@ -1,0 +1,79 @@
+"""A Case run N times becomes one record: every repeat's figures kept, the times pooled with an interval.
+
+Steps timed in one worker share its conditions (a neighbour's burst, the core it ran on), so step times
+within a worker agree far better than across workers: with 3 or more repeats the interval of the median,
+and ``compare``'s test, use one median per repeat (``repeat_medians_s``) rather than every step.
+
+Each repeat is its own line in ``records.jsonl`` (``repeat``: 0..N-1), appended when its worker ends, so a
+kill loses one repeat, never the others.  Readers see one record per Case: the first repeat's record,
+whose step times become all repeats' pooled (median, bootstrap interval, CV over every timed step), with
+``repeats`` listing each repeat's status, median and whether its memory figures were the same.  On CPU
+memory is counted exactly, so repeats must agree to the byte: a difference is a gate that fails the record.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .stats import median_ci, summary
+
+MIN_REPEATS_AS_UNIT = 3  # from this many repeats on, intervals and tests use one median per worker
+
+# Figures that must not move between repeats of one Case on CPU (counted, not sampled).
+EXACT_KEYS = ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes", "saved_bytes",
+              "checkpointed_input_bytes", "offloaded_bytes", "allocator_growth_bytes", "peak_phase")
+
+
+def with_time_statistics(record: dict) -> dict:
+    """The record with its step times' median interval (a copy when anything is added)."""
+    m = record.get("measurement") or {}
+    times = m.get("step_times_s")
+    if not times or "step_time_ci95_s" in m:
+        return record
+    out = copy.copy(record)
+    out["measurement"] = {**m, **summary(times)}
+    return out
+
+
+def merge_repeats(group: list[dict]) -> dict:
+    """One record for the repeats of one Case (`group`: the last line of each repeat, any order)."""
+    group = sorted(group, key=lambda r: r.get("repeat", 0))
+    if len(group) == 1:
+        return with_time_statistics(group[0])
+    base = copy.deepcopy(group[0])
+    ok = [r for r in group if r.get("status") == "ok"]
+    bad = [r for r in group if r.get("status") != "ok"]
+    if bad:
+        first = bad[0]
+        base["status"] = first["status"]
+        base["reason"] = f"repeat {first.get('repeat', 0) + 1} of {len(group)}: {first.get('reason', '')}"
+    measured = [r["measurement"] for r in ok]
+    if measured:
+        ref = measured[0]
+        pooled = [t for m in measured for t in m.get("step_times_s") or []]
+        medians = [m["step_time_median_s"] for m in measured if m.get("step_time_median_s")]
+        base["measurement"] = {**ref, **summary(pooled), "step_times_s": pooled, "repeat_medians_s": medians}
+        if len(medians) >= MIN_REPEATS_AS_UNIT:
+            # steps of one worker share its conditions (where it ran, what else ran then): the honest unit
+            # of an interval over several workers is the worker
+            base["measurement"]["step_time_ci95_s"] = list(median_ci(medians) or ()) or None
+            base["measurement"]["step_time_ci_unit"] = "repeat"
+        if ref.get("tokens_per_s") and ref.get("step_time_median_s") and base["measurement"]["step_time_median_s"]:
+            tokens_per_step = ref["tokens_per_s"] * ref["step_time_median_s"]
+            base["measurement"]["tokens_per_s"] = tokens_per_step / base["measurement"]["step_time_median_s"]
+    differing = sorted({k for m in measured[1:] for k in EXACT_KEYS if m.get(k) != measured[0].get(k)})
+    base["repeats"] = {
+        "n": len(group),
+        "statuses": [r.get("status") for r in group],
+        "step_time_medians_s": [(r.get("measurement") or {}).get("step_time_median_s") for r in group],
+        "wall_s": [r.get("wall_s") for r in group],
+        "memory_identical": not differing,
+        "memory_differs": differing,
+    }
+    verdicts = [r.get("verdict") for r in group]
+    if "fail" in verdicts:
+        base["verdict"] = "fail"
+    if base["case"].get("device") == "cpu" and differing and "gates" in base:
+        base["gates"]["memory_differs_across_repeats"] = 1
+        base["verdict"] = "fail"
+    return base
