@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .allocator import AllocatorMeter
-from .nvml import NvmlDevice, nvml_used_bytes
+from .nvml import nvml_process_used_bytes, nvml_used_bytes
 from .storage import LiveStorageTracker, track_training_state
 
 
@@ -147,7 +147,7 @@ class CudaMemoryProbe:
         self.peak = torch.cuda.max_memory_allocated(self.device)
         self.reserved = torch.cuda.max_memory_reserved(self.device)
         self.reserved_now = torch.cuda.memory_reserved(self.device)
-        self.nvml_process = _nvml_process_used(cuda_index(self.device))
+        self.nvml_process = nvml_process_used_bytes(cuda_index(self.device), os.getpid())
         self.host_pinned_peak = _host_pinned_peak()
         self.grads_bytes = sum(
             p.grad.untyped_storage().nbytes() for p in self.model.parameters() if p.grad is not None
@@ -184,16 +184,6 @@ class CudaMemoryProbe:
 def cuda_index(device: torch.device) -> int:
     """torch's index of a CUDA device (the current one when the device names none)."""
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _nvml_process_used(index: int) -> int | None:
-    dev = NvmlDevice.open(index)
-    if dev is None:
-        return None
-    try:
-        return dev.process_used_bytes(os.getpid())
-    finally:
-        dev.close()
 
 
 def _reset_host_peak() -> None:

@@ -101,22 +101,26 @@ class NvmlDevice:
 
 def nvml_used_bytes(index: int) -> int | None:
     """Device-level used memory from NVML, or None when NVML is absent or fails (never raises)."""
-    dev = NvmlDevice.open(index)
-    if dev is None:
-        return None
-    try:
-        return dev.used_bytes()
-    finally:
-        dev.close()
+    return _ask(index, NvmlDevice.used_bytes)
 
 
 def nvml_total_bytes(index: int) -> int | None:
     """Device memory from NVML without touching CUDA (the sweep's parent asks), or None."""
+    return _ask(index, NvmlDevice.total_bytes)
+
+
+def nvml_process_used_bytes(index: int, pid: int) -> int | None:
+    """What the driver counts on the device for process `pid` (context included), or None."""
+    return _ask(index, lambda dev: dev.process_used_bytes(pid))
+
+
+def _ask(index: int, query) -> int | None:
+    """One query on a handle opened and closed around it."""
     dev = NvmlDevice.open(index)
     if dev is None:
         return None
     try:
-        return dev.total_bytes()
+        return query(dev)
     finally:
         dev.close()
 
