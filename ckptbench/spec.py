@@ -12,7 +12,16 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-FAMILIES = ("llama", "qwen2", "gpt2")
+FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
+# Config keys that change no tensor's shape or count: a hub config of an analytic family that sets only
+# these (and its dimensions) is still estimated analytically.
+SHAPE_NEUTRAL_KEYS = frozenset({
+    "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "layer_norm_epsilon", "initializer_range",
+    "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "architectures", "transformers_version",
+    "attention_bias", "mlp_bias", "pretraining_tp", "head_dim", "hidden_act", "activation_function",
+    "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache", "model_type", "tie_word_embeddings",
+    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "bos_token", "eos_token",
+})
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("cpu", "cuda")
@@ -35,6 +44,23 @@ class ModelSpec:
     max_positions: int = 2048
     tie_embeddings: bool = False
     name: str = ""
+    # any other config.json keys of the model type (sorted JSON, so the spec stays hashable): rope, sliding
+    # windows, experts, head_dim ...; passed to AutoConfig.for_model as they are
+    config: str = ""
+
+    @property
+    def config_extra(self) -> dict:
+        return json.loads(self.config) if self.config else {}
+
+    @property
+    def analytic(self) -> bool:
+        """Whether the analytic estimate describes this model (else the simulation is its estimate)."""
+        if self.family not in FAMILIES:
+            return False
+        extra = self.config_extra
+        if self.family == "llama" and extra.get("head_dim") not in (None, self.hidden // self.heads):
+            return False
+        return set(extra) <= SHAPE_NEUTRAL_KEYS
 
     @property
     def head_dim(self) -> int:
@@ -68,6 +94,42 @@ PRESETS: dict[str, dict] = {
                       vocab=256, max_positions=1024),
     "gpt2": dict(family="gpt2", hidden=768, layers=12, heads=12, kv_heads=12, intermediate=3072,
                  vocab=50257, max_positions=1024, tie_embeddings=True),
+    # Families without an analytic estimate (the simulation of the same step is theirs): family is the
+    # config's model_type, and `config` holds the config.json keys beyond the dimensions.
+    "llama-70b": dict(family="llama", hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672,
+                      vocab=128256, max_positions=131072),
+    "smollm2-135m": dict(family="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
+                         vocab=49152, max_positions=8192, tie_embeddings=True),
+    "smollm2-1.7b": dict(family="llama", hidden=2048, layers=24, heads=32, kv_heads=32, intermediate=8192,
+                         vocab=49152, max_positions=8192, tie_embeddings=True),
+    "qwen2.5-0.5b": dict(family="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864,
+                         vocab=151936, max_positions=32768, tie_embeddings=True),  # Qwen2-0.5B's shape too
+    "qwen2.5-7b": dict(family="qwen2", hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944,
+                       vocab=152064, max_positions=32768),
+    "mistral-7b": dict(family="mistral", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                       vocab=32000, max_positions=32768, config={"sliding_window": 4096}),
+    "mixtral-8x7b": dict(family="mixtral", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336,
+                         vocab=32000, max_positions=32768,
+                         config={"num_local_experts": 8, "num_experts_per_tok": 2, "rope_theta": 1e6}),
+    "qwen3-8b": dict(family="qwen3", hidden=4096, layers=36, heads=32, kv_heads=8, intermediate=12288,
+                     vocab=151936, max_positions=40960, config={"head_dim": 128}),
+    "gemma2-2b": dict(family="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, intermediate=9216,
+                      vocab=256000, max_positions=8192, tie_embeddings=True,
+                      config={"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
+    "gemma2-9b": dict(family="gemma2", hidden=3584, layers=42, heads=16, kv_heads=8, intermediate=14336,
+                      vocab=256000, max_positions=8192, tie_embeddings=True,
+                      config={"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
+    "gemma3-1b": dict(family="gemma3_text", hidden=1152, layers=26, heads=4, kv_heads=1, intermediate=6912,
+                      vocab=262144, max_positions=32768, tie_embeddings=True,
+                      config={"head_dim": 256, "sliding_window": 512}),
+    "phi3-mini": dict(family="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, intermediate=8192,
+                      vocab=32064, max_positions=4096),
+    "phi4-mini": dict(family="phi3", hidden=3072, layers=32, heads=24, kv_heads=8, intermediate=8192,
+                      vocab=200064, max_positions=131072, tie_embeddings=True, config={"partial_rotary_factor": 0.75}),
+    "olmo2-1b": dict(family="olmo2", hidden=2048, layers=16, heads=16, kv_heads=16, intermediate=8192,
+                     vocab=100352, max_positions=4096),
+    "pythia-160m": dict(family="gpt_neox", hidden=768, layers=12, heads=12, kv_heads=12, intermediate=3072,
+                        vocab=50304, max_positions=2048, config={"rotary_pct": 0.25, "use_parallel_residual": True}),
 }
 
 
@@ -76,7 +138,14 @@ def preset(name: str, **overrides) -> ModelSpec:
     if name not in PRESETS:
         raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}")
     values = {**PRESETS[name], "name": name, **overrides}
+    if isinstance(values.get("config"), dict):
+        values["config"] = canonical_config(values["config"])
     return ModelSpec(**values)
+
+
+def canonical_config(extra: dict) -> str:
+    """The extra config keys as the sorted JSON a ModelSpec holds ("" when there are none)."""
+    return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else ""
 
 
 def checkpointing_name(every_n_layers: int, offload: bool) -> str:
@@ -126,7 +195,10 @@ class Case:
 
     @property
     def id(self) -> str:
-        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields_ = asdict(self)
+        if not fields_["model"]["config"]:
+            del fields_["model"]["config"]  # points of the three built-in families keep their ids
+        canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
     @property

@@ -13,6 +13,7 @@ process, and a choice of averaging implementation where nothing is averaged.  A 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import shutil
@@ -21,6 +22,7 @@ from dataclasses import fields
 
 import tomllib
 
+from .configs import ConfigError, hub_config, read_config_file, spec_values
 from .spec import (
     ATTENTIONS,
     DEVICES,
@@ -32,6 +34,7 @@ from .spec import (
     ModelSpec,
     Suite,
     TrainSpec,
+    canonical_config,
 )
 
 
@@ -46,8 +49,9 @@ class SuiteError(Exception):
 SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memory_budget_gib": (int, float),
               "budgets_gib": list, "device": str, "repeats": int}
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
-MODEL_KEYS = {"preset": str, "family": str, "dtype": str, "attn": str, "label": str,
-              "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
+MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "hub": str, "extra": dict,
+              "dtype": str, "attn": str, "label": str, "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
+MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int}
 AXES = {"batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
@@ -117,24 +121,60 @@ class _Checker:
         return values
 
 
-def _model(ck: _Checker, table: dict) -> ModelSpec:
+def _source(ck: _Checker, table: dict) -> dict:
+    """The model's starting values from its one source: a preset, a config file, a hub name, or a
+    model_type (family) with every dimension given."""
+    given = [k for k in MODEL_SOURCES if k in table and not (k == "family" and "model_type" in table)]
+    if len(given) > 1 and not (set(given) == {"preset", "family"}):
+        ck.fail(f"model.{given[1]}", f"give one model source, not both {given[0]} and {given[1]}")
     if "preset" in table:
         if table["preset"] not in PRESETS:
             ck.fail("model.preset", f"unknown preset {table['preset']!r}; known: {', '.join(sorted(PRESETS))}")
         values = {**PRESETS[table["preset"]], "name": table["preset"]}
-    else:
-        missing = [k for k in ("family", *MODEL_DIMS[:-1]) if k not in table]
-        if missing:
-            ck.fail(f"model.{missing[0]}", "missing: give model.preset, or family and all dimensions "
-                    f"({', '.join(('family', *MODEL_DIMS[:-1]))})")
-        values = {"name": table.get("label", ""), "max_positions": 2048}
+        if isinstance(values.get("config"), dict):
+            values["config"] = canonical_config(values["config"])
+        return values
+    if "config" in table or "hub" in table:
+        key = "config" if "config" in table else "hub"
+        try:
+            data = (read_config_file(_near(ck.path, table["config"])) if key == "config"
+                    else hub_config(table["hub"]))
+            return {**spec_values(data), "name": os.path.basename(str(table[key]).rstrip("/"))}
+        except ConfigError as exc:
+            ck.fail(f"model.{key}", str(exc))
+    family = table.get("model_type", table.get("family"))
+    needed = [k for k in MODEL_DIMS if k not in ("kv_heads", "max_positions")]  # kv_heads defaults to heads
+    missing = [k for k in needed if k not in table]
+    if family is None or missing:
+        ck.fail(f"model.{'family' if family is None else missing[0]}",
+                "missing: give model.preset, model.config, model.hub, or model_type and the dimensions "
+                f"({', '.join(needed)})")
+    return {"family": family, "name": table.get("label", ""), "max_positions": 2048,
+            "kv_heads": table.get("kv_heads", table.get("heads"))}
+
+
+def _near(suite_path: str, path: str) -> str:
+    """A config path as written, or relative to the suite file when that is where it is."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    beside = os.path.join(os.path.dirname(suite_path), path)
+    return beside if os.path.exists(beside) else path
+
+
+def _model(ck: _Checker, table: dict) -> ModelSpec:
+    values = _source(ck, table)
     for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
-        if key in table:
+        if key in table and not (key == "family" and "preset" not in table and "model_type" in table):
             values[key] = table[key]
+    if "model_type" in table and "preset" in table:
+        values["family"] = table["model_type"]
+    if "extra" in table:
+        values["config"] = canonical_config({**json.loads(values.get("config") or "{}"), **table["extra"]})
     if "label" in table:
         values["name"] = table["label"]
-    if values["family"] not in FAMILIES:
-        ck.fail("model.family", f"unknown family {values['family']!r}; known: {', '.join(FAMILIES)}")
+    if values["family"] not in FAMILIES and not _known_model_type(values["family"]):
+        ck.fail("model.model_type" if "model_type" in table else "model.family",
+                f"transformers knows no causal LM of model_type {values['family']!r}")
     if values.get("dtype", "fp32") not in DTYPES:
         ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)}")
     if values.get("attn", "eager") not in ATTENTIONS:
@@ -145,9 +185,16 @@ def _model(ck: _Checker, table: dict) -> ModelSpec:
         ck.fail("model.heads", f"heads={values['heads']} does not divide hidden={values['hidden']}")
     if values["heads"] % values["kv_heads"]:
         ck.fail("model.kv_heads", f"kv_heads={values['kv_heads']} does not divide heads={values['heads']}")
-    if values["family"] == "gpt2" and values["kv_heads"] != values["heads"]:
+    if values["family"] == "gpt2" and not values.get("config") and values["kv_heads"] != values["heads"]:
         ck.fail("model.kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads")
     return ModelSpec(**values)
+
+
+def _known_model_type(model_type: str) -> bool:
+    """Whether transformers has a causal LM for `model_type` (what AutoModelForCausalLM.from_config builds)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _train(ck: _Checker, table: dict) -> TrainSpec:

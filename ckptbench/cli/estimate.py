@@ -109,8 +109,25 @@ def case_from_args(args: argparse.Namespace):
         raise UsageError(f"{FLAGS.get(exc.key, exc.key)}: {exc.reason}") from None
 
 
+def _simulated_only(case) -> int:
+    """A model without an analytic estimate: the simulated step is its answer."""
+    from ..theory.simulate import simulate
+
+    sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
+                   device=case.device).to_dict()
+    print(f"no analytic estimate for model_type {case.model.family!r}: the simulated step (fake tensors) "
+          "is the estimate")
+    for key in ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes",
+                "checkpointed_input_bytes", "offloaded_bytes"):
+        print(f"{key:40s} {_gib(sim[key]):>12s} GiB")
+    print(f"{'peak_phase':40s} {sim['peak_phase']:>12s}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     case = case_from_args(args)
+    if not case.model.analytic:
+        return _simulated_only(case)
     e = est_mod.estimate_case(case)
     sim = None
     if args.simulate:

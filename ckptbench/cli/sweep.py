@@ -144,6 +144,10 @@ def _memory_line(cases, cap: int | None) -> str:
         return (f"memory: {len(cuda)} CUDA points not checked (no CUDA device visible to NVML here); the sweep "
                 "checks each point before it starts")
     over = [c for c in cases if too_big(c, cap, host, device_bytes)]
+    unestimated = sum(1 for c in cases if not c.model.analytic)
+    if unestimated:
+        return (f"memory: {unestimated} points have no analytic estimate to check before they start (their "
+                f"simulation runs in the worker){f'; {len(over)} more would be skipped' if over else ''}")
     if not over:
         return "memory: every point's estimated peak fits in the memory available now"
     return (f"memory: {len(over)} points estimated above the memory available now would be recorded skipped "
@@ -174,13 +178,28 @@ def _took(records: list[dict], elapsed_s: float) -> str:
     return f"the sweep took {elapsed_s:.1f} s; projected {start + sum(projected):.1f} s for the points it ran"
 
 
+def _suite(args):
+    """The suite file, or the suite the quick flags describe (--model ...)."""
+    from ..errors import UsageError
+    from ..suite import parse_suite
+
+    if bool(args.suite) == bool(args.model):
+        raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...)")
+    if args.suite:
+        return load_suite(args.suite)
+    from .quick import suite_text
+
+    text = suite_text(args)
+    return parse_suite(text, f"--model {args.model}")
+
+
 def cmd_sweep(args) -> int:
     from rich.console import Console
 
     from ..run.calibration import machine_rates
     from ..run.sweep import Interrupted, SweepOptions, plan, run_sweep
 
-    suite = load_suite(args.suite)
+    suite = _suite(args)
     from ..env import unsupported_transformers
     from ..errors import UsageError
 
@@ -241,7 +260,8 @@ def cmd_sweep(args) -> int:
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
-                          f"  python -m ckptbench sweep --suite {args.suite} --out {out} --resume")
+                          f"  python -m ckptbench sweep --suite {args.suite or os.path.join(out, 'suite.toml')} "
+                          f"--out {out} --resume")
             return 130
         progress.update(task, completed=len(cases) * repeats)
     if result.skipped_ids:
@@ -275,7 +295,7 @@ def cmd_sweep(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a suite: one isolated worker per point, records appended as they end")
-    p.add_argument("--suite", required=True, help="suite file (suites/*.toml)")
+    p.add_argument("--suite", help="suite file (suites/*.toml); or describe one with --model and the quick flags")
     p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
     p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
     p.add_argument("--dry-run", action="store_true", help="count the Cases per strategy and exit without running")
@@ -295,4 +315,7 @@ def add_parser(sub) -> None:
                         "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    from .quick import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=cmd_sweep)

@@ -8,6 +8,7 @@ memory steps, and the timed steps run without it.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass, field
 
@@ -58,6 +59,9 @@ class CpuMemoryProbe:
         self.after_forward: dict | None = None
 
     def start(self) -> None:
+        # garbage of earlier steps (reference cycles) freed by a collection in the middle of this step would
+        # be a free that the tracker never saw allocated and the allocator meter did: collected now
+        gc.collect()
         tr = self.tracker
         track_training_state(tr, self.model, self.optimizer)
         for p in self.model.parameters():

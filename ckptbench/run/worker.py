@@ -106,9 +106,19 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     ctx = offload_without_pinning() if (case.offload and pin_error) else nullcontext()
 
     with ctx:
-        model = build_model(case.model, device)
-        checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        try:
+            model = build_model(case.model, device)
+        except (AssertionError, NotImplementedError, ValueError) as exc:  # a config this model type refuses
+            raise Unsupported(f"transformers could not build a causal LM of model_type {case.model.family!r}: "
+                              f"{type(exc).__name__}: {exc}"[:500]) from None
         layers = decoder_layers(model)
+        if case.every_n_layers > 0 and not layers:
+            raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
+                              "cannot checkpoint it layer by layer")
+        try:
+            checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        except ValueError as exc:  # "... does not support gradient checkpointing"
+            raise Unsupported(f"{type(model).__name__}: {exc}") from None
         optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         t_ready = time.time()
@@ -144,7 +154,9 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     return {
         **mem,
         **steps.result(),
-        **flop_figures(case, stats.median_s, _device_name(device)),
+        **(flop_figures(case, stats.median_s, _device_name(device)) if case.model.analytic else
+           {"flops_convention": f"no FLOP formula for model_type {case.model.family!r}: counted FLOPs only"}),
+        **({} if case.model.analytic else simulated_estimate(case)),
         "checkpointing_api": checkpointing_api,
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
@@ -162,8 +174,23 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "offload_pinned": offload_pinned,
         "offload_note": offload_note,
         "n_params": sum(p.numel() for p in model.parameters()),
+        "resolved_config": model.config.to_dict(),  # every key the model was built with, defaults included
         "threads": torch.get_num_threads(),
     }
+
+
+def simulated_estimate(case: Case) -> dict:
+    """For a model the analytic estimate does not describe: the FakeTensor simulation of the same step,
+    run here after the measured steps (it needs torch, the sweep's parent has none).  Its figures are the
+    estimate the record is checked against; a model it cannot simulate says why instead."""
+    from ..theory.simulate import simulate
+
+    try:
+        sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
+                       lr=case.train.lr, device=case.device)
+    except Exception as exc:  # data-dependent routing, an op FakeTensor cannot run, ...
+        return {"simulation": None, "simulation_error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"simulation": sim.to_dict()}
 
 
 def _device_name(device: torch.device) -> str | None:

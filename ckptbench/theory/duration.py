@@ -54,7 +54,7 @@ def _params(spec: ModelSpec) -> int:
 def point_seconds(case: Case, rates: Rates) -> float | None:
     """Projected wall time of one point, or None when the machine has no rate for its device and dtype."""
     rate = rates.matmul.get(rate_key(case))
-    if not rate:
+    if not rate or not case.model.analytic:  # no FLOP formula: not projected rather than guessed
         return None
     train = case.train
     steps = train.warmup_steps + train.memory_steps + train.steps
@@ -73,10 +73,12 @@ class Projection:
 
     def text(self) -> str:
         if not self.projected:
-            return f"duration not projected: this machine has no rate for its {self.unprojected} points' device"
+            return (f"duration not projected for its {self.unprojected} points: no rate for their device here, "
+                    "or no FLOP formula for their model type")
         shown = ", ".join(f"{d} {t} {n} thread{'s' * (n > 1)}: {r / 1e9:.0f} GFLOP/s"
                           for (d, t, n), r in sorted(self.rates.matmul.items()) if r)
-        rest = f"; {self.unprojected} points not projected (no rate for their device here)" if self.unprojected else ""
+        rest = (f"; {self.unprojected} points not projected (no rate for their device here, or no FLOP formula "
+                "for their model type)" if self.unprojected else "")
         return (f"projected duration {_minutes(self.seconds)} on this machine (matmul {shown}, at "
                 f"{EFFICIENCY:.0%} of it in training){rest}")
 

@@ -71,6 +71,8 @@ class FlopModel:
 
 
 def flop_model(spec: ModelSpec) -> FlopModel:
+    if not spec.analytic:
+        raise NotImplementedError(f"no FLOP formula for model_type {spec.family!r}")
     h, hd = spec.hidden, spec.head_dim
     if spec.family == "gpt2":
         # fused qkv (h × 3h), output projection (h × h), MLP fc and proj (h × I each)

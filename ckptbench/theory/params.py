@@ -34,6 +34,8 @@ def param_count(spec: ModelSpec) -> ParamCount:
     Llama has no biases; Qwen2 has biases on q/k/v only; GPT-2 has biases everywhere, LayerNorm weight and
     bias, learned position embeddings and fused Conv1D q/k/v.
     """
+    if not spec.analytic:
+        raise NotImplementedError(f"no analytic parameter count for model_type {spec.family!r}")
     h, i, v, kv = spec.hidden, spec.intermediate, spec.vocab, spec.kv_heads * spec.head_dim
     lm_head = 0 if spec.tie_embeddings else v * h
     if spec.family in ("llama", "qwen2"):

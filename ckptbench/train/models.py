@@ -29,7 +29,33 @@ def hf_config(spec: ModelSpec) -> PretrainedConfig:
             bos_token_id=spec.vocab - 1, eos_token_id=spec.vocab - 1,
         )
     else:
-        raise ValueError(f"unknown model family {spec.family!r}")
+        return generic_config(spec)
+    return cfg
+
+
+def generic_config(spec: ModelSpec) -> PretrainedConfig:
+    """Any model type transformers knows: ``AutoConfig.for_model`` with the spec's dimensions and extra keys.
+
+    Made runnable as the spec shrinks it: token ids beyond a smaller vocabulary are dropped (an embedding
+    whose padding index is out of range will not build), dropout is off (runs must repeat), no KV cache.
+    """
+    from transformers import AutoConfig
+
+    values = dict(hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                  num_key_value_heads=spec.kv_heads, intermediate_size=spec.intermediate, vocab_size=spec.vocab,
+                  max_position_embeddings=spec.max_positions, tie_word_embeddings=spec.tie_embeddings,
+                  use_cache=False, **spec.config_extra)
+    try:
+        cfg = AutoConfig.for_model(spec.family, **values)
+    except ValueError as exc:  # an unknown model_type
+        raise ValueError(f"transformers cannot build model_type {spec.family!r}: {exc}") from None
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token = getattr(cfg, key, None)
+        if isinstance(token, int) and token >= spec.vocab:
+            setattr(cfg, key, None)
+    for key, value in cfg.to_dict().items():
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
     return cfg
 
 

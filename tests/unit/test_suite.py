@@ -82,7 +82,7 @@ BAD = [
     ("duplicate", {"sweep": "batch_size = [1, 1]\nseq_len = [8]"}, "sweep.batch_size", "duplicate"),
     ("heads", {"model": 'preset = "llama-tiny"\nheads = 3'}, "model.heads", "does not divide"),
     ("kv heads", {"model": 'preset = "llama-tiny"\nkv_heads = 3'}, "model.kv_heads", "does not divide"),
-    ("family", {"model": 'preset = "llama-tiny"\nfamily = "bert"'}, "model.family", "unknown family"),
+    ("family", {"model": 'preset = "llama-tiny"\nfamily = "t5"'}, "model.family", "knows no causal LM of model_type"),
     ("dtype", {"model": 'preset = "llama-tiny"\ndtype = "fp8"'}, "model.dtype", "unknown dtype"),
     ("attn", {"model": 'preset = "llama-tiny"\nattn = "flash"'}, "model.attn", "unknown attention"),
     ("preset", {"model": 'preset = "llama-999b"'}, "model.preset", "unknown preset"),

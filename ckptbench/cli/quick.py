@@ -1,0 +1,67 @@
+"""``ckptbench sweep --model NAME ...``: a sweep without writing a suite file first.
+
+The flags become a suite's TOML text (kept as ``suite.toml`` in the results directory, like any suite's),
+so a quick sweep is exactly as reproducible as a written one: ``--suite OUT/suite.toml`` runs it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import UsageError
+from ..spec import PRESETS
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+
+
+def _source(model: str) -> str:
+    """A preset name, a config.json (file or directory), or a hub name: the suite line that says which."""
+    if model in PRESETS:
+        return f'preset = "{model}"'
+    if os.path.exists(model):
+        return f'config = "{os.path.abspath(model)}"'
+    if "/" in model:
+        return f'hub = "{model}"'
+    raise UsageError(f"--model {model!r} is not a preset ({', '.join(sorted(PRESETS))}), a config.json path "
+                     "or a hub name (org/name)")
+
+
+def suite_text(args) -> str:
+    """The suite the quick flags describe."""
+    name = os.path.basename(args.model.rstrip("/")).replace(" ", "_")
+    model = [_source(args.model)]
+    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("vocab", "vocab")):
+        if getattr(args, flag) is not None:
+            model.append(f"{key} = {getattr(args, flag)}")
+    if args.dtype:
+        model.append(f'dtype = "{args.dtype}"')
+    if args.attn:
+        model.append(f'attn = "{args.attn}"')
+    every_n = args.every_n_layers or [0]
+    sweep = [f"batch_size = {args.batch or [1]}", f"seq_len = {args.seq or [512]}", f"every_n_layers = {every_n}"]
+    if args.offload:
+        sweep.append("offload = [false, true]")
+    device = f'device = "{args.device}"\n' if args.device else ""
+    return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}-quick"\n'
+            f"{device}\n[model]\n" + "\n".join(model) + "\n\n[sweep]\n" + "\n".join(sweep) + "\n")
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("quick form (instead of --suite)")
+    g.add_argument("--model", help="a preset, a config.json (or its directory), or a hub name org/name")
+    g.add_argument("--layers", type=int, help="override the model's layer count (shrink it to fit)")
+    g.add_argument("--hidden", type=int, help="override the hidden size")
+    g.add_argument("--vocab", type=int, help="override the vocabulary size")
+    g.add_argument("--seq", type=_ints, metavar="S,S,...", help="sequence lengths (default 512)")
+    g.add_argument("--batch", type=_ints, metavar="B,B,...", help="batch sizes (default 1)")
+    g.add_argument("--every-n-layers", type=_ints, metavar="N,N,...", help="checkpointing settings (default 0)")
+    g.add_argument("--offload", action="store_true", help="also every checkpointed setting with offload")
+    g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    g.add_argument("--attn", choices=("eager", "sdpa"))
+    g.add_argument("--device", choices=("cpu", "cuda"))
