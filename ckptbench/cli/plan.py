@@ -1,0 +1,134 @@
+"""``ckptbench plan``: which checkpointing setting fits a card (or this CPU) and is fastest, predicted.
+
+    ckptbench plan --model llama-8b --device h100 --seq 8192 --dtype bf16 --attn sdpa
+    ckptbench plan --model llama-small --memory 0.5GiB --seq 512          (this machine's CPU)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..errors import UsageError
+
+SHOWN = 12  # table rows; --json has every strategy
+UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+         "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """'80GiB', '141GB', '512 MiB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS:
+        raise UsageError(f"--memory takes a size such as 80GiB or 141GB, got {text!r}")
+    try:
+        return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    except ValueError:
+        raise UsageError(f"--memory takes a size such as 80GiB or 141GB, got {text!r}") from None
+
+
+def _model(args):
+    """The ModelSpec the flags describe, through the same rules as a suite file."""
+    from ..suite import parse_suite
+    from .quick import _source
+
+    lines = [_source(args.model)] + [f"{k} = {v}" for k, v in (("layers", args.layers),) if v is not None]
+    lines += [f'{k} = "{v}"' for k, v in (("dtype", args.dtype), ("attn", args.attn)) if v]
+    device = "cpu" if args.device == "cpu" else "cuda"
+    text = (f'[suite]\ndevice = "{device}"\n[model]\n' + "\n".join(lines)
+            + f"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n")
+    spec = parse_suite(text, f"--model {args.model}").cases[0].model
+    if not spec.analytic:
+        raise UsageError(f"plan needs the analytic estimate, which model_type {spec.family!r} does not have yet "
+                         "(sweep it: its records are checked against the simulated step)")
+    return spec
+
+
+def assumptions(args):
+    from ..theory import plan as planner
+
+    sources = {}
+    if args.device == "cpu":
+        if not args.memory:
+            raise UsageError("--device cpu needs --memory (the budget to plan for)")
+        from ..run.calibration import machine_rates
+        from ..spec import Case, TrainSpec
+
+        spec = _model(args)
+        rates, why = machine_rates([Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=args.seq)])
+        peak = rates.matmul.get(("cpu", spec.dtype, 1)) if rates else None
+        sources["peak_flops_per_s"] = "measured here (1 thread)" if peak else f"unknown: {why}"
+        return spec, planner.Assumptions(parse_bytes(args.memory), "cpu", None, peak_flops_per_s=peak,
+                                         sources=sources)
+    spec = _model(args)
+    memory = parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device]
+    sources["memory_bytes"] = "--memory" if args.memory else f"datasheet ({args.device})"
+    name = args.device.upper()
+    peak = planner.datasheet_peak(name, spec.dtype)
+    sources["peak_flops_per_s"] = f"datasheet {name} {spec.dtype}" if peak else "unknown"
+    a = dict(memory_bytes=memory, device="cuda", device_name=name, reserved_margin=planner.CUDA_RESERVED_MARGIN,
+             context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
+    sources.update(reserved_margin="default", context_bytes="default", efficiency="default",
+                   link_bytes_per_s="default")
+    if args.calibration:
+        with open(args.calibration, encoding="utf-8") as fh:
+            cal = json.load(fh)
+        if cal.get("matmul_flops_per_s"):
+            a["peak_flops_per_s"] = cal["matmul_flops_per_s"]
+            sources["peak_flops_per_s"] = f"calibration {args.calibration}"
+        links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
+        if links:
+            a["link_bytes_per_s"] = min(links)
+            sources["link_bytes_per_s"] = f"calibration {args.calibration}"
+    return spec, planner.Assumptions(**a, sources=sources)
+
+
+def render(spec, seq: int, options, a) -> str:
+    from ..theory.plan import recommendation
+
+    gib = 2**30
+    lines = [f"{spec.label} ({spec.family}, {spec.layers} layers, {spec.dtype} {spec.attn}) at seq {seq}, "
+             f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}",
+             f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
+    shown = options if len(options) <= SHOWN else options[:SHOWN]
+    for o in shown:
+        lines.append(f"{o.strategy:<18} {o.max_batch:>9} {o.max_seq:>11} "
+                     f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "
+                     f"{'-' if o.step_s is None else f'{o.step_s:.3f}':>8} "
+                     f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
+    if len(shown) < len(options):
+        lines.append(f"... {len(options) - len(shown)} slower or smaller strategies more (--json lists all)")
+    lines.append(f"recommended: {recommendation(options)}")
+    lines.append("assumed: " + "; ".join(
+        [f"efficiency {a.efficiency:.0%} of peak FLOP/s ({a.sources.get('efficiency', 'default')})"]
+        + ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak (default)"]
+           if a.device == "cuda" else [])
+        + [f"{k}: {v}" for k, v in a.sources.items() if k not in ("efficiency", "reserved_margin", "context_bytes")]))
+    return "\n".join(lines)
+
+
+def cmd_plan(args) -> int:
+    from ..theory import plan as planner
+
+    spec, a = assumptions(args)
+    options = planner.plan(spec, args.seq, a)
+    if args.json:
+        print(json.dumps(planner.to_dict(options, a), indent=2))
+    else:
+        print(render(spec, args.seq, options, a))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
+    p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
+    p.add_argument("--seq", type=int, required=True, help="sequence length")
+    p.add_argument("--device", default="h100", choices=("cpu", "a100", "h100", "h200"),
+                   help="the card (its memory and peak FLOP/s), or cpu with --memory (default h100)")
+    p.add_argument("--memory", help="memory to plan for, e.g. 80GiB (default: the card's)")
+    p.add_argument("--layers", type=int, help="override the model's layer count")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--attn", choices=("eager", "sdpa"))
+    p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)

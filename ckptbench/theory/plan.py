@@ -1,0 +1,165 @@
+"""Which checkpointing setting fits a memory and is fastest: answered from the estimate, before any run.
+
+For each strategy (no checkpointing; every distinct set of checkpointed layers that ``every_n_layers``
+= 1…L gives; each with and without offload) the planner finds, by bisection over the estimated peak,
+the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
+then predicts the step time at that batch: hardware FLOPs (recompute included, with non-reentrant
+checkpoint's early stop) over the device's peak × an efficiency, plus the offload copies over the
+host↔device bandwidth.  The recommendation is the highest predicted tokens/s that fits.
+
+On CUDA the allocator holds more than its tensors (block rounding and cached blocks: reserved over
+allocated) and the process holds a CUDA context; the estimate sees neither, so a CUDA plan adds
+:data:`CUDA_RESERVED_MARGIN` to the peak and :data:`CUDA_CONTEXT_BYTES` on top.  Both are stated in the
+output and replaced by measured values when a calibration gives them.  On CPU nothing is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..spec import Case, TrainSpec, checkpointed_layers, checkpointing_name
+from .estimate import estimate_case
+from .flops import hardware_flops_per_token, peak_flops
+from .offload import offload_bound_s
+
+CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
+CUDA_CONTEXT_BYTES = 600 * 2**20  # CUDA context and library workspaces, stated apart by the meters
+EFFICIENCY = 0.40  # achieved / datasheet FLOP/s of a training step, until calibrated
+HOST_LINK_BYTES_PER_S = 20e9  # pinned host<->device copies, each way, until calibrated
+MAX_BATCH = 1 << 16
+# Datasheet memory of the cards `--device` names (bytes).
+DEVICE_MEMORY = {"a100": 80 * 2**30, "h100": 80 * 2**30, "h200": 141 * 10**9}
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the plan takes as given; each says where it comes from."""
+
+    memory_bytes: int
+    device: str  # cpu | cuda
+    device_name: str | None = None  # for the datasheet FLOP/s (H100, H200, ...)
+    reserved_margin: float = 0.0
+    context_bytes: int = 0
+    efficiency: float = EFFICIENCY
+    peak_flops_per_s: float | None = None
+    link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
+    sources: dict = field(default_factory=dict)  # figure -> "default" | "calibration FILE" | "datasheet"
+
+    def needed(self, peak: int) -> int:
+        """Device memory a step with this estimated peak needs."""
+        return int(peak * (1 + self.reserved_margin)) + self.context_bytes
+
+
+@dataclass
+class Option:
+    strategy: str
+    every_n_layers: int
+    offload: bool
+    max_batch: int  # at the asked sequence length; 0: not even batch 1 fits
+    max_seq: int  # at batch 1
+    peak_bytes: int | None = None  # estimated, at max_batch
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    recompute_flops_share: float = 0.0
+
+
+def strategies(layers: int) -> list[tuple[int, bool]]:
+    """(every_n_layers, offload) for each distinct set of checkpointed layers, with and without offload."""
+    out, seen = [(0, False)], set()
+    for n in range(1, layers + 1):
+        chosen = tuple(checkpointed_layers(layers, n))
+        if chosen in seen:
+            continue
+        seen.add(chosen)
+        out += [(n, False), (n, True)]
+    return out
+
+
+def _fits(case: Case, a: Assumptions) -> tuple[bool, int]:
+    peak = estimate_case(case).peak_bytes
+    return a.needed(peak) <= a.memory_bytes, peak
+
+
+def _largest(make, a: Assumptions, hi: int) -> int:
+    """The largest k in 1..hi for which make(k) fits (0 when 1 does not): doubling, then bisection."""
+    if not _fits(make(1), a)[0]:
+        return 0
+    lo, step = 1, 2
+    while step <= hi and _fits(make(step), a)[0]:
+        lo, step = step, step * 2
+    high = min(step, hi + 1)  # first known (or assumed) not to fit
+    while high - lo > 1:
+        mid = (lo + high) // 2
+        if _fits(make(mid), a)[0]:
+            lo = mid
+        else:
+            high = mid
+    return lo
+
+
+def step_seconds(case: Case, a: Assumptions) -> tuple[float | None, float]:
+    """(predicted step time, recompute share of the FLOPs)."""
+    if not a.peak_flops_per_s:
+        return None, 0.0
+    spec, n_ckpt = case.model, len(case.checkpointed_layers)
+    tokens = case.batch_size * case.seq_len * case.grad_accum
+    total = hardware_flops_per_token(spec, case.seq_len, n_ckpt) * tokens
+    plain = hardware_flops_per_token(spec, case.seq_len, 0) * tokens
+    seconds = total / (a.peak_flops_per_s * a.efficiency)
+    if case.offload:
+        offloaded = estimate_case(case).offloaded_bytes
+        seconds += offload_bound_s(offloaded, a.link_bytes_per_s, a.link_bytes_per_s, case.grad_accum) or 0.0
+    return seconds, (total - plain) / total
+
+
+def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None) -> list[Option]:
+    """Every strategy's largest batch and sequence, predicted speed, best first."""
+    train = train or TrainSpec()
+
+    def case(batch: int, s: int, n: int, off: bool) -> Case:
+        return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
+                    device=a.device)
+
+    options = []
+    for n, off in strategies(model.layers):
+        max_batch = _largest(lambda b, n=n, off=off: case(b, seq, n, off), a, MAX_BATCH)
+        max_seq = _largest(lambda s, n=n, off=off: case(1, s, n, off), a, model.max_positions)
+        opt = Option(checkpointing_name(n, off), n, off, max_batch, max_seq)
+        if max_batch:
+            best = case(max_batch, seq, n, off)
+            opt.peak_bytes = _fits(best, a)[1]
+            opt.step_s, opt.recompute_flops_share = step_seconds(best, a)
+            opt.tokens_per_s = max_batch * seq / opt.step_s if opt.step_s else None
+        options.append(opt)
+    return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))
+
+
+def recommendation(options: list[Option]) -> str:
+    """The fastest fitting option, the runner-up, and why the one beats the other."""
+    fitting = [o for o in options if o.max_batch and o.tokens_per_s]
+    if not fitting:
+        return "nothing fits: not even batch 1 of any strategy at this sequence length"
+    best = fitting[0]
+    line = (f"{best.strategy} at batch {best.max_batch}: {best.tokens_per_s:,.0f} tokens/s predicted")
+    if len(fitting) > 1:
+        second = fitting[1]
+        why = []
+        if second.max_batch < best.max_batch:
+            why.append(f"it fits batch {second.max_batch} only")
+        if second.recompute_flops_share > best.recompute_flops_share:
+            why.append(f"it recomputes {second.recompute_flops_share:.0%} of its FLOPs")
+        if second.offload and not best.offload:
+            why.append("its offload copies cost time")
+        line += (f"; runner-up {second.strategy} at batch {second.max_batch}, "
+                 f"{second.tokens_per_s / best.tokens_per_s:.2f}× as fast" + (f" ({'; '.join(why)})" if why else ""))
+    return line
+
+
+def to_dict(options: list[Option], a: Assumptions) -> dict:
+    return {"assumptions": asdict(a), "options": [asdict(o) for o in options],
+            "recommendation": recommendation(options)}
+
+
+def datasheet_peak(device_name: str | None, dtype: str) -> float | None:
+    found = peak_flops(device_name, dtype)
+    return found[0] if found else None

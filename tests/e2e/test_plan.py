@@ -1,0 +1,67 @@
+"""The planner's largest fitting batch against the largest batch that really fits, on CPU where the truth
+is cheap: every strategy's predicted maximum runs within the budget and one more does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.spec import TrainSpec, preset
+from ckptbench.store.records import load_records
+from ckptbench.suite import load_suite
+from ckptbench.theory.plan import Assumptions, plan, strategies
+
+pytestmark = pytest.mark.e2e
+
+BUDGET_GIB = 0.08
+SEQ = 128
+
+
+def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite):
+    spec = preset("llama-small")
+    options = {(o.every_n_layers, o.offload): o.max_batch
+               for o in plan(spec, SEQ, Assumptions(int(BUDGET_GIB * 2**30), "cpu"), TrainSpec())}
+    checked = {n: options[(n, False)] for n in (0, 1, 2)}
+    assert all(b >= 1 for b in checked.values()) and len(set(checked.values())) == 3  # three different answers
+    batches = sorted({b + k for b in checked.values() for k in (0, 1)})
+    suite = load_suite(write_suite(f"""
+[suite]
+name = "plan-check"
+memory_budget_gib = {BUDGET_GIB}
+[model]
+preset = "llama-small"
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+[sweep]
+batch_size = {batches}
+seq_len = [{SEQ}]
+every_n_layers = [0, 1, 2]
+"""))
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]
+              for r in load_records(str(tmp_path / "run")).records}
+    for n, b in checked.items():
+        assert status[(n, b)] == "ok", (n, b)
+        assert status[(n, b + 1)] == "over_budget", (n, b + 1)
+
+
+def test_distinct_checkpointed_sets_only():
+    assert strategies(4) == [(0, False), (1, False), (1, True), (2, False), (2, True), (3, False), (3, True),
+                             (4, False), (4, True)]
+    assert len(strategies(32)) == 1 + 2 * 32
+
+
+def test_plan_for_an_8b_model_on_a_card_recommends_and_states_its_assumptions():
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "plan", "--model", "llama-8b", "--device", "h200",
+                           "--seq", "8192", "--dtype", "bf16", "--attn", "sdpa"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    recommended = next(line for line in lines if line.startswith("recommended: "))
+    assert "tokens/s predicted" in recommended and "runner-up" in recommended
+    assert any(line.startswith("assumed: efficiency 40%") and "datasheet H200 bf16" in line for line in lines)
