@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from ..errors import UsageError
@@ -58,8 +59,13 @@ def assumptions(args):
         rates, why = machine_rates([Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=args.seq)])
         peak = rates.matmul.get(("cpu", spec.dtype, 1)) if rates else None
         sources["peak_flops_per_s"] = "measured here (1 thread)" if peak else f"unknown: {why}"
+        efficiency = planner.EFFICIENCY
+        if args.calibration and os.path.exists(args.calibration):
+            with open(args.calibration, encoding="utf-8") as fh:
+                efficiency = json.load(fh).get("training_efficiency") or efficiency
+            sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
         return spec, planner.Assumptions(parse_bytes(args.memory), "cpu", None, peak_flops_per_s=peak,
-                                         sources=sources)
+                                         efficiency=efficiency, sources=sources)
     spec = _model(args)
     memory = parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device]
     sources["memory_bytes"] = "--memory" if args.memory else f"datasheet ({args.device})"
@@ -70,9 +76,12 @@ def assumptions(args):
              context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
     sources.update(reserved_margin="default", context_bytes="default", efficiency="default",
                    link_bytes_per_s="default")
-    if args.calibration:
+    if args.calibration and os.path.exists(args.calibration):
         with open(args.calibration, encoding="utf-8") as fh:
             cal = json.load(fh)
+        if cal.get("training_efficiency"):
+            a["efficiency"] = cal["training_efficiency"]
+            sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
         if cal.get("matmul_flops_per_s"):
             a["peak_flops_per_s"] = cal["matmul_flops_per_s"]
             sources["peak_flops_per_s"] = f"calibration {args.calibration}"
@@ -116,6 +125,10 @@ def cmd_plan(args) -> int:
         print(json.dumps(planner.to_dict(options, a), indent=2))
     else:
         print(render(spec, args.seq, options, a))
+    if args.verify:
+        from .verify import verify
+
+        return verify(args, spec, options, a)
     return 0
 
 
@@ -131,4 +144,8 @@ def add_parser(sub) -> None:
     p.add_argument("--attn", choices=("eager", "sdpa"))
     p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="run the recommendation and its neighbours here, print predicted vs measured, and "
+                        "write the measured efficiency into --calibration")
+    p.add_argument("--out", help="with --verify: results directory (default results/plan-verify-<time>)")
     p.set_defaults(func=cmd_plan)

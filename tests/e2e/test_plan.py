@@ -3,6 +3,7 @@ is cheap: every strategy's predicted maximum runs within the budget and one more
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -65,3 +66,19 @@ def test_plan_for_an_8b_model_on_a_card_recommends_and_states_its_assumptions():
     recommended = next(line for line in lines if line.startswith("recommended: "))
     assert "tokens/s predicted" in recommended and "runner-up" in recommended
     assert any(line.startswith("assumed: efficiency 40%") and "datasheet H200 bf16" in line for line in lines)
+
+
+def test_verify_runs_the_recommendation_and_its_neighbours_and_calibrates(tmp_path):
+    cal = tmp_path / "cal.json"
+    cmd = [sys.executable, "-m", "ckptbench", "plan", "--model", "llama-tiny", "--device", "cpu", "--memory",
+           "0.005GiB", "--seq", "64", "--verify", "--out", str(tmp_path / "run"), "--calibration", str(cal)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(str(tmp_path / "run")).records
+    assert 2 <= len(records) <= 3 and all(r["status"] == "ok" for r in records)
+
+
+    calibration = json.loads(cal.read_text())
+    assert calibration["training_efficiency"] > 0 and calibration["training_efficiency_points"] == len(records)
+    planned = subprocess.run([*cmd[:12], "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
+    assert "from --verify" in planned.stdout  # the next plan uses the measured efficiency

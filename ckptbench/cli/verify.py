@@ -1,0 +1,79 @@
+"""``ckptbench plan --verify``: the recommendation and its neighbours, run for real on this machine.
+
+The recommended strategy at its largest batch and one batch below, and the runner-up at its largest
+batch, run as an ordinary sweep (records, checks, report); the plan's predicted peak and tokens/s are set
+beside the measured ones, and the measured training efficiency (predicted step time × assumed efficiency /
+measured step time, the median over the points) is written to ``--calibration`` so the next plan uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+
+def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]], seq: int) -> str:
+    """One suite per verify run; each (every_n, batch, offload) triple is a sweep of its own axis values."""
+    batches = sorted({b for _, b, _ in points})
+    every_n = sorted({n for n, _, _ in points})
+    offload = sorted({o for _, _, o in points})
+    return (f'[suite]\nname = "plan-verify"\ndevice = "{device}"\n[model]\n{spec_line}\n'
+            "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 3\n"
+            f"[sweep]\nbatch_size = {batches}\nseq_len = [{seq}]\nevery_n_layers = {every_n}\n"
+            f"offload = {[str(o).lower() for o in offload]}\n".replace("'", ""))
+
+
+def verify(args, spec, options, a) -> int:
+    from ..run.sweep import SweepOptions, run_sweep
+    from ..store.records import load_records
+    from ..suite import parse_suite
+    from ..theory.annotate import annotate_record
+    from ..theory.plan import step_seconds
+    from .quick import _source
+
+    fitting = [o for o in options if o.max_batch and o.tokens_per_s]
+    if not fitting:
+        print("verify: nothing fits, nothing to run")
+        return 1
+    best = fitting[0]
+    wanted = [(best.every_n_layers, best.max_batch, best.offload)]
+    if best.max_batch > 1:
+        wanted.append((best.every_n_layers, best.max_batch - 1, best.offload))
+    if len(fitting) > 1:
+        wanted.append((fitting[1].every_n_layers, fitting[1].max_batch, fitting[1].offload))
+    lines = [_source(args.model)] + [f"{k} = {v}" for k, v in (("layers", args.layers),) if v is not None]
+    lines += [f'{k} = "{v}"' for k, v in (("dtype", spec.dtype), ("attn", spec.attn))]
+    suite = parse_suite(_suite_text("\n".join(lines), a.device, wanted, args.seq), "plan --verify")
+    cases = [c for c in suite.cases if (c.every_n_layers, c.batch_size, c.offload) in wanted]
+    suite = type(suite)(**{**suite.__dict__, "cases": tuple(cases)})
+    out = args.out or os.path.join("results", f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_sweep(suite, SweepOptions(out_dir=out), annotate=annotate_record)
+    print(f"\nverify ({out}): predicted vs measured on this machine")
+    print(f"{'strategy':<16} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} {'tok/s meas':>10}")
+    ratios = []
+    for r in load_records(out).records:
+        case = next(c for c in cases if c.id == r["case_id"])
+        predicted_s, _ = step_seconds(case, a)
+        m = r.get("measurement") or {}
+        est = (r.get("estimate") or {}).get("peak_bytes")
+        tokens = case.batch_size * case.seq_len
+        measured_tps = m.get("tokens_per_s")
+        if predicted_s and m.get("step_time_median_s"):
+            ratios.append(predicted_s / m["step_time_median_s"])
+        print(f"{case.strategy:<16} {case.batch_size:>5} {(est or 0) / 2**30:>13.3f} "
+              f"{(m.get('peak_bytes') or 0) / 2**30:>13.3f} {tokens / predicted_s if predicted_s else 0:>10,.0f} "
+              f"{measured_tps or 0:>10,.0f}  {r['status']}")
+    if ratios and args.calibration:
+        efficiency = a.efficiency * statistics.median(ratios)
+        cal = {}
+        if os.path.exists(args.calibration):
+            with open(args.calibration, encoding="utf-8") as fh:
+                cal = json.load(fh)
+        cal.update(training_efficiency=efficiency, training_efficiency_points=len(ratios),
+                   training_efficiency_from=out)
+        with open(args.calibration, "w", encoding="utf-8") as fh:
+            json.dump(cal, fh, indent=2)
+        print(f"measured training efficiency {efficiency:.1%} of the peak FLOP/s -> {args.calibration}")
+    return 0
