@@ -49,7 +49,21 @@ def verify(args, spec, options, a) -> int:
     cases = [c for c in suite.cases if (c.every_n_layers, c.batch_size, c.offload) in wanted]
     suite = type(suite)(**{**suite.__dict__, "cases": tuple(cases)})
     out = args.out or os.path.join("results", f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_sweep(suite, SweepOptions(out_dir=out), annotate=annotate_record)
+    predicted = {(o.every_n_layers, o.offload): o for o in options}
+
+    def annotate(case, record):  # each record keeps what the plan predicted for it
+        annotate_record(case, record)
+        seconds, _ = step_seconds(case, a)
+        record["plan_prediction"] = {
+            "peak_bytes": (record.get("estimate") or {}).get("peak_bytes"),
+            "tokens_per_s": case.batch_size * case.seq_len / seconds if seconds else None,
+            "max_batch": predicted[(case.every_n_layers, case.offload)].max_batch}
+
+    run_sweep(suite, SweepOptions(out_dir=out), annotate=annotate)
+    from ..store.files import write_text_atomic
+    from ..theory.plan import to_dict
+
+    write_text_atomic(os.path.join(out, "plan.json"), json.dumps(to_dict(options, a), indent=2))
     print(f"\nverify ({out}): predicted vs measured on this machine")
     print(f"{'strategy':<16} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} {'tok/s meas':>10}")
     ratios = []

@@ -17,7 +17,7 @@ import jinja2
 from ..store.files import write_text_atomic
 from ..store.records import load_records, to_frame
 from ..theory.simulated import beside_measurements, load_simulated
-from . import figures, tables
+from . import figures, plan_section, tables
 from .columns import has, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -31,6 +31,7 @@ SECTIONS = (
     ("checks", "Estimate checks"),
     ("breakdown", "Memory breakdown"),
     ("localsgd", "Local SGD"),
+    ("plan", "Plan"),
     ("failures", "Failures"),
     ("baseline", "Changes vs baseline"),
     ("environment", "Environment"),
@@ -137,6 +138,10 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
                                       (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
     d["failures"] = tables.failure_rows(t)
+    d["plan"] = _guard(ctx, "plan", lambda: plan_section.load_plan(run_dir))
+    if d["plan"]:
+        d["plan_fig"] = _guard(ctx, "plan", lambda: plan_section.plan_figure(d["plan"]))
+        d["plan_rows"] = _guard(ctx, "plan", lambda: plan_section.predicted_vs_measured(d["plan"], loaded.records), [])
     if baseline_dir is not None:
         d["baseline_dir"] = baseline_dir
         d["baseline"] = _guard(ctx, "baseline", lambda: _baseline(ctx, t, baseline_dir))
@@ -148,6 +153,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
         "checks": not ok.empty,
         "breakdown": d["breakdown_fig"] is not None,
         "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]),
+        "plan": bool(d.get("plan")),
         "failures": True,
         "baseline": baseline_dir is not None,
         "environment": True,

@@ -82,3 +82,13 @@ def test_verify_runs_the_recommendation_and_its_neighbours_and_calibrates(tmp_pa
     assert calibration["training_efficiency"] > 0 and calibration["training_efficiency_points"] == len(records)
     planned = subprocess.run([*cmd[:12], "--calibration", str(cal)], capture_output=True, text=True, timeout=120)
     assert "from --verify" in planned.stdout  # the next plan uses the measured efficiency
+    # the report of the verify run shows the plan, and each measured point beside its prediction
+    html = tmp_path / "report.html"
+    report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(tmp_path / "run"), "-o", str(html)],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    page = html.read_text()
+    assert '<section id="plan"><h2>Plan</h2>' in page and "<strong>Recommended:</strong>" in page
+    section = page[page.index('<section id="plan">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<tr><td>") == len(records)  # one row per measured point

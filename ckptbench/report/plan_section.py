@@ -1,0 +1,60 @@
+"""The report's "Plan" section: what ``ckptbench plan`` predicted for this run, beside what was measured.
+
+``plan --verify`` stores the plan as ``plan.json`` in the results directory it runs into; a report of that
+directory charts every strategy's largest batch and predicted tokens/s (the recommendation highlighted)
+and sets each measured point beside the planner's prediction for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib.pyplot as plt
+
+from .figures import STYLE, Figure, _encode
+
+PLAN_FILE = "plan.json"
+
+
+def load_plan(run_dir: str) -> dict | None:
+    path = os.path.join(run_dir, PLAN_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
+    """Largest batch (bars) and predicted tokens/s (points) per strategy, the fastest first."""
+    options = [o for o in plan["options"] if o["max_batch"]][:shown]
+    if not options:
+        return None
+    names = [o["strategy"] for o in options]
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(names) + 2), 4.0))
+        colors = ["#d62728" if k == 0 else "#7f7f7f" for k in range(len(names))]
+        ax.bar(range(len(names)), [o["max_batch"] for o in options], color=colors)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right")
+        ax.set_ylabel("largest batch that fits")
+        tps = ax.twinx()
+        tps.plot(range(len(names)), [o["tokens_per_s"] or 0 for o in options], "o", color="black")
+        tps.set_ylabel("predicted tokens/s")
+        uri = _encode(fig)
+    return Figure("Plan: largest batch and predicted tokens/s per strategy", uri,
+                  "bars: largest fitting batch per strategy; points: predicted tokens/s",
+                  f"Fastest first; the recommendation is red. {plan['recommendation']}")
+
+
+def predicted_vs_measured(plan: dict, records: list[dict]) -> list[dict]:
+    """Each measured point the plan made a prediction for."""
+    rows = []
+    for r in records:
+        p = r.get("plan_prediction")
+        m = r.get("measurement") or {}
+        if not p or r.get("status") != "ok":
+            continue
+        rows.append({"point": f"{r['strategy']} b={r['case']['batch_size']}",
+                     "peak_pred": p.get("peak_bytes"), "peak_meas": m.get("peak_bytes"),
+                     "tps_pred": p.get("tokens_per_s"), "tps_meas": m.get("tokens_per_s")})
+    return rows
