@@ -73,7 +73,7 @@ SWEEP_S=$(( ${MAX_MINUTES%.*} * 60 ))
 [ "$SWEEP_S" -ge 30 ] || SWEEP_S=30
 step "sweep $SUITE (no point starts after ${SWEEP_S}s; budget ${BUDGET_S}s, ${LEFT}s left)"
 timeout -s INT -k 20 $(( LEFT - 90 )) "$PY" -m ckptbench sweep --suite "$SUITE" --out "$RUN" --resume \
-    --max-minutes "$(awk "BEGIN { print $SWEEP_S / 60 }")"
+    --max-minutes "$(awk "BEGIN { print $SWEEP_S / 60 }")" --yes
 echo "sweep exit status $?"
 
 step "simulated predictions"

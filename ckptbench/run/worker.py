@@ -9,6 +9,7 @@ one result file, atomically, whatever happens short of the process being killed.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import traceback
@@ -174,7 +175,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "offload_pinned": offload_pinned,
         "offload_note": offload_note,
         "n_params": sum(p.numel() for p in model.parameters()),
-        "resolved_config": model.config.to_dict(),  # every key the model was built with, defaults included
+        # every key the model was built with, defaults included, through transformers' own serialiser
+        "resolved_config": json.loads(model.config.to_json_string(use_diff=False)),
         "threads": torch.get_num_threads(),
     }
 

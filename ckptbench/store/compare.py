@@ -234,11 +234,12 @@ def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, sh
     new_samples = [t / factor for t in n.samples]
     # step time: higher is worse; tokens/s is its inverse, so "worse" means slower steps either way
     slower = worse > 0
-    if len(o.samples) < 2 or len(n.samples) < 2:
-        d.verdict = "untested"  # no per-step times (an old record, a benchmark file without data)
+    d.p_value = (slower_p_value if slower else faster_p_value)(list(o.samples), new_samples)
+    if d.p_value is None:
+        # no per-step times (an old record, a benchmark file without data), or no scipy to test them
+        d.verdict = "untested"
         d.regressed, d.improved = q.gates and worse > limit, -worse > limit
         return d
-    d.p_value = (slower_p_value if slower else faster_p_value)(list(o.samples), new_samples)
     significant = d.p_value is not None and d.p_value < ALPHA
     if abs(worse) <= limit:
         d.verdict = "no change"

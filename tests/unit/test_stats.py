@@ -84,3 +84,14 @@ def test_a_shift_every_point_shares_is_stated_not_blamed_on_each_point():
 
     lines = summary_lines(comparison)
     assert any(line.startswith("COMMON SHIFT +1") and "beyond the 10% time threshold" in line for line in lines)
+
+
+def test_without_scipy_a_time_change_is_judged_on_the_threshold_and_says_untested(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)  # as on a GPU image without scipy: import fails
+    comparison = compare_runs([_record("a", _times(12, 0.1, seed=1))], [_record("a", _times(12, 0.125, seed=2))],
+                              Thresholds(time=0.10))
+    step = next(d for d in comparison.points[0].deltas if d.quantity == "step_time_median_s")
+    assert step.verdict == "untested" and step.p_value is None and step.regressed
+    assert step.old_ci is not None  # intervals need numpy only
