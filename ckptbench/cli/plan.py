@@ -76,6 +76,19 @@ def assumptions(args):
              context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
     sources.update(reserved_margin="default", context_bytes="default", efficiency="default",
                    link_bytes_per_s="default")
+    if args.from_run:
+        from ..store.records import load_records
+
+        margin, context, used = planner.measured_margins(load_records(args.from_run).records)
+        if margin is None and context is None:
+            raise UsageError(f"{args.from_run}: no ok CUDA record with allocator or NVML figures to measure the "
+                             "margins from")
+        if margin is not None:
+            a["reserved_margin"] = margin
+            sources["reserved_margin"] = f"measured in {args.from_run} ({used} points, the largest)"
+        if context is not None:
+            a["context_bytes"] = context
+            sources["context_bytes"] = f"measured in {args.from_run} ({used} points, the largest)"
     if args.calibration and os.path.exists(args.calibration):
         with open(args.calibration, encoding="utf-8") as fh:
             cal = json.load(fh)
@@ -110,9 +123,9 @@ def render(spec, seq: int, options, a) -> str:
     lines.append(f"recommended: {recommendation(options)}")
     lines.append("assumed: " + "; ".join(
         [f"efficiency {a.efficiency:.0%} of peak FLOP/s ({a.sources.get('efficiency', 'default')})"]
-        + ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak (default)"]
-           if a.device == "cuda" else [])
-        + [f"{k}: {v}" for k, v in a.sources.items() if k not in ("efficiency", "reserved_margin", "context_bytes")]))
+        + ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
+            f"({a.sources.get('reserved_margin', 'default')})"] if a.device == "cuda" else [])
+        + [f"{k}: {v}" for k, v in a.sources.items() if k not in ("efficiency", "reserved_margin")]))
     return "\n".join(lines)
 
 
@@ -143,6 +156,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--attn", choices=("eager", "sdpa"))
     p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
+    p.add_argument("--from-run", metavar="DIR",
+                   help="a CUDA run's results: its measured allocator reserve and CUDA context replace the defaults")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",
                    help="run the recommendation and its neighbours here, print predicted vs measured, and "

@@ -163,3 +163,25 @@ def to_dict(options: list[Option], a: Assumptions) -> dict:
 def datasheet_peak(device_name: str | None, dtype: str) -> float | None:
     found = peak_flops(device_name, dtype)
     return found[0] if found else None
+
+
+def measured_margins(records: list[dict]) -> tuple[float | None, int | None, int]:
+    """(reserved-over-allocated margin, CUDA context bytes, points used) from a CUDA run's ok records.
+
+    The margin is the largest ``max_memory_reserved / max_memory_allocated − 1`` seen (a plan must fit the
+    worst point, not the typical one); the context is the largest NVML-minus-reserved difference the
+    meters stated.  None where no record carries the figure.
+    """
+    margins, contexts = [], []
+    for r in records:
+        m = r.get("measurement") or {}
+        if r.get("status") != "ok" or (r.get("case") or {}).get("device") != "cuda":
+            continue
+        allocated, reserved = m.get("cuda_max_allocated_bytes"), m.get("cuda_max_reserved_bytes")
+        if allocated and reserved:
+            margins.append(reserved / allocated - 1)
+        context = (r.get("meters") or {}).get("cuda_context_bytes")
+        if context is not None and context >= 0:
+            contexts.append(context)
+    return (max(margins) if margins else None, max(contexts) if contexts else None,
+            max(len(margins), len(contexts)))
