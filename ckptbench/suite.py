@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import tomllib
 
@@ -35,6 +35,7 @@ from .spec import (
     Suite,
     TrainSpec,
     canonical_config,
+    preset,
 )
 
 
@@ -130,10 +131,7 @@ def _source(ck: _Checker, table: dict) -> dict:
     if "preset" in table:
         if table["preset"] not in PRESETS:
             ck.fail("model.preset", f"unknown preset {table['preset']!r}; known: {', '.join(sorted(PRESETS))}")
-        values = {**PRESETS[table["preset"]], "name": table["preset"]}
-        if isinstance(values.get("config"), dict):
-            values["config"] = canonical_config(values["config"])
-        return values
+        return asdict(preset(table["preset"]))
     if "config" in table or "hub" in table:
         key = "config" if "config" in table else "hub"
         try:

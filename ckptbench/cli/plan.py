@@ -31,12 +31,11 @@ def parse_bytes(text: str) -> int:
 def _model(args):
     """The ModelSpec the flags describe, through the same rules as a suite file."""
     from ..suite import parse_suite
-    from .quick import _source
+    from .quick import model_lines
 
-    lines = [_source(args.model)] + [f"{k} = {v}" for k, v in (("layers", args.layers),) if v is not None]
-    lines += [f'{k} = "{v}"' for k, v in (("dtype", args.dtype), ("attn", args.attn)) if v]
     device = "cpu" if args.device == "cpu" else "cuda"
-    text = (f'[suite]\ndevice = "{device}"\n[model]\n' + "\n".join(lines)
+    text = (f'[suite]\ndevice = "{device}"\n[model]\n'
+            + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn))
             + f"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n")
     spec = parse_suite(text, f"--model {args.model}").cases[0].model
     if not spec.analytic:
@@ -45,63 +44,72 @@ def _model(args):
     return spec
 
 
+def _calibration(path: str | None) -> dict:
+    """A `calibrate` / `plan --verify` JSON, or {} when none is given or it does not exist yet."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _cpu_peak(spec, seq: int) -> tuple[float | None, str]:
+    """This machine's 1-thread matmul rate in the model's dtype, and where it comes from."""
+    from ..run.calibration import machine_rates
+    from ..spec import Case, TrainSpec
+
+    rates, why = machine_rates([Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=seq)])
+    peak = rates.matmul.get(("cpu", spec.dtype, 1)) if rates else None
+    return peak, "measured here (1 thread)" if peak else f"unknown: {why}"
+
+
+def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
+    """Replace the CUDA margins in `a` by those a CUDA run's records measured."""
+    from ..store.records import load_records
+    from ..theory import plan as planner
+
+    margin, context, used = planner.measured_margins(load_records(run_dir).records)
+    if margin is None and context is None:
+        raise UsageError(f"{run_dir}: no ok CUDA record with allocator or NVML figures to measure the margins from")
+    if margin is not None:
+        a["reserved_margin"] = margin
+        sources["reserved_margin"] = f"measured in {run_dir} ({used} points, the largest)"
+    if context is not None:
+        a["context_bytes"] = context
+        sources["context_bytes"] = f"measured in {run_dir} ({used} points, the largest)"
+
+
 def assumptions(args):
     from ..theory import plan as planner
 
-    sources = {}
+    spec = _model(args)
+    cal = _calibration(args.calibration)
+    sources = {"efficiency": "default"}
+    a = {"efficiency": planner.EFFICIENCY}
+    if cal.get("training_efficiency"):
+        a["efficiency"] = cal["training_efficiency"]
+        sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
-        from ..run.calibration import machine_rates
-        from ..spec import Case, TrainSpec
-
-        spec = _model(args)
-        rates, why = machine_rates([Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=args.seq)])
-        peak = rates.matmul.get(("cpu", spec.dtype, 1)) if rates else None
-        sources["peak_flops_per_s"] = "measured here (1 thread)" if peak else f"unknown: {why}"
-        efficiency = planner.EFFICIENCY
-        if args.calibration and os.path.exists(args.calibration):
-            with open(args.calibration, encoding="utf-8") as fh:
-                efficiency = json.load(fh).get("training_efficiency") or efficiency
-            sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
-        return spec, planner.Assumptions(parse_bytes(args.memory), "cpu", None, peak_flops_per_s=peak,
-                                         efficiency=efficiency, sources=sources)
-    spec = _model(args)
-    memory = parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device]
-    sources["memory_bytes"] = "--memory" if args.memory else f"datasheet ({args.device})"
+        a["peak_flops_per_s"], sources["peak_flops_per_s"] = _cpu_peak(spec, args.seq)
+        return spec, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
     name = args.device.upper()
     peak = planner.datasheet_peak(name, spec.dtype)
-    sources["peak_flops_per_s"] = f"datasheet {name} {spec.dtype}" if peak else "unknown"
-    a = dict(memory_bytes=memory, device="cuda", device_name=name, reserved_margin=planner.CUDA_RESERVED_MARGIN,
+    a.update(memory_bytes=parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device],
+             device="cuda", device_name=name, reserved_margin=planner.CUDA_RESERVED_MARGIN,
              context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
-    sources.update(reserved_margin="default", context_bytes="default", efficiency="default",
-                   link_bytes_per_s="default")
+    sources.update(memory_bytes="--memory" if args.memory else f"datasheet ({args.device})",
+                   peak_flops_per_s=f"datasheet {name} {spec.dtype}" if peak else "unknown",
+                   reserved_margin="default", context_bytes="default", link_bytes_per_s="default")
     if args.from_run:
-        from ..store.records import load_records
-
-        margin, context, used = planner.measured_margins(load_records(args.from_run).records)
-        if margin is None and context is None:
-            raise UsageError(f"{args.from_run}: no ok CUDA record with allocator or NVML figures to measure the "
-                             "margins from")
-        if margin is not None:
-            a["reserved_margin"] = margin
-            sources["reserved_margin"] = f"measured in {args.from_run} ({used} points, the largest)"
-        if context is not None:
-            a["context_bytes"] = context
-            sources["context_bytes"] = f"measured in {args.from_run} ({used} points, the largest)"
-    if args.calibration and os.path.exists(args.calibration):
-        with open(args.calibration, encoding="utf-8") as fh:
-            cal = json.load(fh)
-        if cal.get("training_efficiency"):
-            a["efficiency"] = cal["training_efficiency"]
-            sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
-        if cal.get("matmul_flops_per_s"):
-            a["peak_flops_per_s"] = cal["matmul_flops_per_s"]
-            sources["peak_flops_per_s"] = f"calibration {args.calibration}"
-        links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
-        if links:
-            a["link_bytes_per_s"] = min(links)
-            sources["link_bytes_per_s"] = f"calibration {args.calibration}"
+        _measured_margins(a, sources, args.from_run)
+    if cal.get("matmul_flops_per_s"):
+        a["peak_flops_per_s"] = cal["matmul_flops_per_s"]
+        sources["peak_flops_per_s"] = f"calibration {args.calibration}"
+    links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
+    if links:
+        a["link_bytes_per_s"] = min(links)
+        sources["link_bytes_per_s"] = f"calibration {args.calibration}"
     return spec, planner.Assumptions(**a, sources=sources)
 
 
@@ -112,7 +120,7 @@ def render(spec, seq: int, options, a) -> str:
     lines = [f"{spec.label} ({spec.family}, {spec.layers} layers, {spec.dtype} {spec.attn}) at seq {seq}, "
              f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}",
              f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
-    shown = options if len(options) <= SHOWN else options[:SHOWN]
+    shown = options[:SHOWN]
     for o in shown:
         lines.append(f"{o.strategy:<18} {o.max_batch:>9} {o.max_seq:>11} "
                      f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "

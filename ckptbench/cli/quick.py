@@ -20,7 +20,7 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
 
 
-def _source(model: str) -> str:
+def model_source(model: str) -> str:
     """A preset name, a config.json (file or directory), or a hub name: the suite line that says which."""
     if model in PRESETS:
         return f'preset = "{model}"'
@@ -32,17 +32,20 @@ def _source(model: str) -> str:
                      "or a hub name (org/name)")
 
 
+def model_lines(model: str, **overrides) -> list[str]:
+    """A suite's [model] lines: the source, then each override given (sizes as numbers, the rest quoted)."""
+    lines = [model_source(model)]
+    for key, value in overrides.items():
+        if value is not None:
+            lines.append(f"{key} = {value}" if isinstance(value, int) else f'{key} = "{value}"')
+    return lines
+
+
 def suite_text(args) -> str:
     """The suite the quick flags describe."""
     name = os.path.basename(args.model.rstrip("/")).replace(" ", "_")
-    model = [_source(args.model)]
-    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("vocab", "vocab")):
-        if getattr(args, flag) is not None:
-            model.append(f"{key} = {getattr(args, flag)}")
-    if args.dtype:
-        model.append(f'dtype = "{args.dtype}"')
-    if args.attn:
-        model.append(f'attn = "{args.attn}"')
+    model = model_lines(args.model, layers=args.layers, hidden=args.hidden, vocab=args.vocab, dtype=args.dtype,
+                        attn=args.attn)
     every_n = args.every_n_layers or [0]
     sweep = [f"batch_size = {args.batch or [1]}", f"seq_len = {args.seq or [512]}", f"every_n_layers = {every_n}"]
     if args.offload:

@@ -8,6 +8,7 @@ measured step time, the median over the points) is written to ``--calibration`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -22,7 +23,7 @@ def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]]
     return (f'[suite]\nname = "plan-verify"\ndevice = "{device}"\n[model]\n{spec_line}\n'
             "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 3\n"
             f"[sweep]\nbatch_size = {batches}\nseq_len = [{seq}]\nevery_n_layers = {every_n}\n"
-            f"offload = {[str(o).lower() for o in offload]}\n".replace("'", ""))
+            f"offload = [{', '.join('true' if o else 'false' for o in offload)}]\n")
 
 
 def verify(args, spec, options, a) -> int:
@@ -31,7 +32,7 @@ def verify(args, spec, options, a) -> int:
     from ..suite import parse_suite
     from ..theory.annotate import annotate_record
     from ..theory.plan import step_seconds
-    from .quick import _source
+    from .quick import model_lines
 
     fitting = [o for o in options if o.max_batch and o.tokens_per_s]
     if not fitting:
@@ -43,11 +44,10 @@ def verify(args, spec, options, a) -> int:
         wanted.append((best.every_n_layers, best.max_batch - 1, best.offload))
     if len(fitting) > 1:
         wanted.append((fitting[1].every_n_layers, fitting[1].max_batch, fitting[1].offload))
-    lines = [_source(args.model)] + [f"{k} = {v}" for k, v in (("layers", args.layers),) if v is not None]
-    lines += [f'{k} = "{v}"' for k, v in (("dtype", spec.dtype), ("attn", spec.attn))]
+    lines = model_lines(args.model, layers=args.layers, dtype=spec.dtype, attn=spec.attn)
     suite = parse_suite(_suite_text("\n".join(lines), a.device, wanted, args.seq), "plan --verify")
     cases = [c for c in suite.cases if (c.every_n_layers, c.batch_size, c.offload) in wanted]
-    suite = type(suite)(**{**suite.__dict__, "cases": tuple(cases)})
+    suite = dataclasses.replace(suite, cases=tuple(cases))
     out = args.out or os.path.join("results", f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}")
     predicted = {(o.every_n_layers, o.offload): o for o in options}
 

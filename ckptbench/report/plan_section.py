@@ -46,7 +46,7 @@ def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
                   f"Fastest first; the recommendation is red. {plan['recommendation']}")
 
 
-def predicted_vs_measured(plan: dict, records: list[dict]) -> list[dict]:
+def predicted_vs_measured(records: list[dict]) -> list[dict]:
     """Each measured point the plan made a prediction for."""
     rows = []
     for r in records:

@@ -186,13 +186,12 @@ def simulated_estimate(case: Case) -> dict:
     run here after the measured steps (it needs torch, the sweep's parent has none).  Its figures are the
     estimate the record is checked against; a model it cannot simulate says why instead."""
     from ..theory.simulate import simulate
+    from ..theory.simulated import simulate_case
 
-    try:
-        sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                       lr=case.train.lr, device=case.device)
-    except Exception as exc:  # data-dependent routing, an op FakeTensor cannot run, ...
-        return {"simulation": None, "simulation_error": f"{type(exc).__name__}: {exc}"[:500]}
-    return {"simulation": sim.to_dict()}
+    line = simulate_case(case, simulate)  # data-dependent routing, an op FakeTensor cannot run: a reason
+    if line["status"] != "ok":
+        return {"simulation": None, "simulation_error": line["reason"]}
+    return {"simulation": line["simulated"]}
 
 
 def _device_name(device: torch.device) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..measure.timing import nearest_rank
 from .records import RECORDS, distinct_runs, latest_per_case, load_records
-from .repeats import MIN_REPEATS_AS_UNIT
+from .repeats import time_samples
 
 SWEEP, BENCHMARK = "sweep", "pytest-benchmark"
 
@@ -95,11 +95,7 @@ def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
         m = r.get("measurement") or {}
         values = {q.key: _number(m.get(q.key)) for q in QUANTITIES}
         spread = _spread(m.get("step_time_median_s"), m.get("step_time_p90_s"), m.get("step_time_cv"))
-        # one median per repeat when there are enough of them (steps of one worker are not independent)
-        per_repeat = [t for t in m.get("repeat_medians_s") or () if _number(t) is not None]
-        steps = [t for t in m.get("step_times_s") or () if _number(t) is not None]
-        samples = tuple(per_repeat if len(per_repeat) >= MIN_REPEATS_AS_UNIT else steps)
-        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, samples))
+        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, tuple(time_samples(m))))
     return points, problems
 
 

@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import copy
 
-from .stats import median_ci, summary
+from .stats import summary
 
 MIN_REPEATS_AS_UNIT = 3  # from this many repeats on, intervals and tests use one median per worker
 
 # Figures that must not move between repeats of one Case on CPU (counted, not sampled).
 EXACT_KEYS = ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes", "saved_bytes",
               "checkpointed_input_bytes", "offloaded_bytes", "allocator_growth_bytes", "peak_phase")
+
+
+def time_samples(m: dict) -> list[float]:
+    """What a time interval or a rank test is taken over: one median per repeat from
+    MIN_REPEATS_AS_UNIT repeats on (steps of one worker share its conditions, where it ran and what else
+    ran then, so the honest unit across workers is the worker), else every timed step."""
+    def numbers(values):
+        return [t for t in values or () if isinstance(t, (int, float)) and not isinstance(t, bool) and t == t]
+
+    per_repeat = numbers(m.get("repeat_medians_s"))
+    return per_repeat if len(per_repeat) >= MIN_REPEATS_AS_UNIT else numbers(m.get("step_times_s"))
 
 
 def with_time_statistics(record: dict) -> dict:
@@ -52,11 +63,9 @@ def merge_repeats(group: list[dict]) -> dict:
         ref = measured[0]
         pooled = [t for m in measured for t in m.get("step_times_s") or []]
         medians = [m["step_time_median_s"] for m in measured if m.get("step_time_median_s")]
-        base["measurement"] = {**ref, **summary(pooled), "step_times_s": pooled, "repeat_medians_s": medians}
+        times = {"step_times_s": pooled, "repeat_medians_s": medians}
+        base["measurement"] = {**ref, **summary(pooled, ci_over=time_samples(times)), **times}
         if len(medians) >= MIN_REPEATS_AS_UNIT:
-            # steps of one worker share its conditions (where it ran, what else ran then): the honest unit
-            # of an interval over several workers is the worker
-            base["measurement"]["step_time_ci95_s"] = list(median_ci(medians) or ()) or None
             base["measurement"]["step_time_ci_unit"] = "repeat"
         if ref.get("tokens_per_s") and ref.get("step_time_median_s") and base["measurement"]["step_time_median_s"]:
             tokens_per_step = ref["tokens_per_s"] * ref["step_time_median_s"]
