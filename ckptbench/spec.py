@@ -26,6 +26,8 @@ DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("cpu", "cuda")
 SYNC_IMPLS = ("accelerate", "torch-averager")
+DATA_SOURCES = ("random", "stdlib", "file", "dataset")
+BYTE_VOCAB = 256  # text sources are byte-level: token id = byte value, no special tokens
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,27 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class DataSpec:
+    """What the ranks train on, and how the held-out loss is taken.
+
+    ``random`` (the default) is seeded uniform token ids: right for memory and speed, where only shapes
+    matter, but nothing can be learnt from it.  The text sources (``stdlib``: the Python standard
+    library's ``.py`` files; ``file``: a text file; ``dataset``: a Hugging Face ``datasets`` cache entry)
+    are byte-level, one token per byte, so any model with ``vocab >= 256`` trains on them without a
+    tokenizer; :mod:`ckptbench.corpus` reads and splits them, and each rank trains on its own shard.
+    """
+
+    source: str = "random"
+    path: str = ""  # file: the text file, as an absolute path
+    name: str = ""  # dataset: its name in the datasets cache ("org/name")
+    config: str = ""  # dataset: the configuration ("" = the one cached)
+    split: str = "train"  # dataset: the split read
+    column: str = "text"  # dataset: the column holding the text
+    eval_every: int = 0  # text sources: optimizer steps between held-out evaluations (0 = at the end only)
+    eval_batches: int = 4  # text sources: held-out batches per evaluation, shared out over the ranks
+
+
+@dataclass(frozen=True)
 class Case:
     """One sweep point.  Its id is a hash of every field, so a changed setting is a new point."""
 
@@ -192,12 +215,15 @@ class Case:
     world_size: int = 1
     device: str = "cpu"
     sync_impl: str = "accelerate"  # local SGD averaging: accelerate's LocalSGD or torch's model averager
+    data: DataSpec = DataSpec()
 
     @property
     def id(self) -> str:
         fields_ = asdict(self)
         if not fields_["model"]["config"]:
             del fields_["model"]["config"]  # points of the three built-in families keep their ids
+        if self.data == DataSpec():
+            del fields_["data"]  # points on random tokens keep the ids they had before data had a choice
         canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
@@ -228,6 +254,7 @@ class Case:
         values = {k: v for k, v in data.items() if k in known}
         values["model"] = ModelSpec(**data["model"])
         values["train"] = TrainSpec(**data["train"])
+        values["data"] = DataSpec(**data["data"]) if data.get("data") else DataSpec()
         return cls(**values)
 
 

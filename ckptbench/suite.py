@@ -18,19 +18,23 @@ import math
 import os
 import shutil
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 import tomllib
 
 from .configs import ConfigError, hub_config, read_config_file, spec_values
+from .corpus import CorpusError, check_available
 from .spec import (
     ATTENTIONS,
+    BYTE_VOCAB,
+    DATA_SOURCES,
     DEVICES,
     DTYPES,
     FAMILIES,
     PRESETS,
     SYNC_IMPLS,
     Case,
+    DataSpec,
     ModelSpec,
     Suite,
     TrainSpec,
@@ -55,11 +59,13 @@ MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "h
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int}
-AXES = {"batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
+AXES = {"seed": int, "batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
         "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
 AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
-                 "world_size": [1], "sync_impl": ["accelerate"]}
-TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES}
+                 "world_size": [1], "sync_impl": ["accelerate"], "seed": []}  # seed: [train.seed]
+DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
+             "eval_every": int, "eval_batches": int}
+TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES, "data": DATA_KEYS}
 
 
 def _type_name(t) -> str:
@@ -116,7 +122,7 @@ class _Checker:
             dup = next(v for v in values if values.count(v) > 1)
             self.fail(f"sweep.{key}", f"duplicate value {dup!r}")
         if AXES[key] is int:
-            zero_ok = key in ("every_n_layers", "local_sgd_steps")
+            zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed")
             for v in values:
                 self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
         return values
@@ -209,6 +215,33 @@ def _train(ck: _Checker, table: dict) -> TrainSpec:
     return TrainSpec(**{k: v for k, v in table.items() if k in known})
 
 
+def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
+    """The ``[data]`` table: which corpus, and its keys only where they mean something."""
+    source = table.get("source", "random")
+    if source not in DATA_SOURCES:
+        ck.fail("data.source", f"unknown source {source!r}; known: {', '.join(DATA_SOURCES)}")
+    only = {"path": ("file",), "name": ("dataset",), "config": ("dataset",), "split": ("dataset",),
+            "column": ("dataset",), "eval_every": ("stdlib", "file", "dataset"),
+            "eval_batches": ("stdlib", "file", "dataset")}
+    for key, sources in only.items():
+        if key in table and source not in sources:
+            ck.fail(f"data.{key}", f"means nothing for source {source!r} (only for {' or '.join(sources)})")
+    if source == "file" and not table.get("path"):
+        ck.fail("data.path", "missing: source 'file' reads the text file named here")
+    if source == "dataset" and not table.get("name"):
+        ck.fail("data.name", "missing: source 'dataset' reads the datasets cache entry named here")
+    for key in ("eval_every", "eval_batches"):
+        if key in table:
+            ck.positive(f"data.{key}", table[key], allow_zero=key == "eval_every")
+    if source != "random" and model.vocab < BYTE_VOCAB:
+        ck.fail("model.vocab", f"text sources are byte-level ({BYTE_VOCAB} token ids); the model's vocab "
+                f"is {model.vocab}")
+    values = {k: v for k, v in table.items() if k in DATA_KEYS}
+    if source == "file":  # absolute: the ranks run in their own directory
+        values["path"] = os.path.abspath(_near(ck.path, table["path"]))
+    return DataSpec(**values)
+
+
 def launcher_available() -> bool:
     """torchrun next to this interpreter (or on PATH): needed for Cases with world_size > 1."""
     here = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -229,6 +262,11 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     train = _train(ck, ck.table(data, "train"))
     sweep = ck.table(data, "sweep")
     axes = {key: ck.axis(sweep, key) for key in AXES}
+    axes["seed"] = axes["seed"] or [train.seed]
+    data_spec = _data(ck, ck.table(data, "data"), model)
+    if data_spec.source != "random" and min(axes["world_size"]) == 1:
+        ck.fail("data.source", f"{data_spec.source!r} trains the data-parallel loop (world_size > 1); "
+                "single-process points measure memory and time on random tokens")
 
     device = suite.get("device", "cpu")
     if device not in DEVICES:
@@ -262,13 +300,15 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
     cases = []
-    for b, s, n, off, k, ga, ws, impl in itertools.product(*(axes[a] for a in AXES)):
+    # seed outermost: a sweep cut short still holds every K of the seeds it reached
+    for seed, b, s, n, off, k, ga, ws, impl in itertools.product(*(axes[a] for a in AXES)):
         # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
         # averaging implementation where nothing is averaged (plain DDP or a single process)
         if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0):
             continue
-        cases.append(Case(model=model, train=train, batch_size=b, seq_len=s, every_n_layers=n, offload=off,
-                          local_sgd_steps=k, grad_accum=ga, world_size=ws, device=device, sync_impl=impl))
+        cases.append(Case(model=model, train=replace(train, seed=seed), batch_size=b, seq_len=s,
+                          every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga, world_size=ws,
+                          device=device, sync_impl=impl, data=data_spec))
     budget = suite.get("memory_budget_gib")
     return Suite(
         name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],
@@ -290,4 +330,10 @@ def load_suite(path: str) -> Suite:
         raise SuiteError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise SuiteError(path, "(file)", f"not UTF-8 text: {exc.reason}") from None
-    return parse_suite(text, path)
+    suite = parse_suite(text, path)
+    if suite.cases:  # the corpus must be here before any worker starts (a report re-reads suites without it)
+        try:
+            check_available(suite.cases[0].data)
+        except CorpusError as exc:
+            raise SuiteError(path, exc.key, exc.reason) from None
+    return suite
