@@ -84,3 +84,31 @@ class CudaTimer:
 def timer_for(device_type: str):
     """The step timer for a device: the only place that chooses between CPU and CUDA timing."""
     return CudaTimer() if device_type == "cuda" else CpuTimer()
+
+
+class BoundaryClock:
+    """Host time at a boundary of a step loop, read once the device has finished what was queued.
+
+    The local-SGD loop times its steps, averagings and tokens/s as differences of readings taken at
+    boundaries it needs anyway (before the step, after the optimizer, around the averaging).  On CUDA a
+    bare ``perf_counter`` there would time the host's enqueue, not the work, so each reading first runs
+    `wait` (``torch.cuda.synchronize``); on CPU the work is done when the call returns.
+    """
+
+    def __init__(self, wait=None, kind: str = "perf_counter"):
+        self._wait = wait
+        self.kind = kind
+
+    def now(self) -> float:
+        if self._wait is not None:
+            self._wait()
+        return time.perf_counter()
+
+
+def boundary_clock(device) -> BoundaryClock:
+    """The loop's clock for a torch device: synchronising on CUDA, plain on CPU."""
+    if device.type == "cuda":
+        import torch
+
+        return BoundaryClock(lambda: torch.cuda.synchronize(device), "cuda-synchronize")
+    return BoundaryClock()

@@ -170,6 +170,15 @@ def per_optimizer_step(steps: list[dict]) -> list[list[dict]]:
     return groups
 
 
+def compute_time(timed: list[list[dict]]) -> float | None:
+    """Median seconds of an optimizer step's own work: its time less what it spent synchronising (the
+    averaging, or DDP's wait for its last bucket).  What a network projection adds communication to."""
+    import statistics
+
+    work = [sum(st["step_s"] - st["sync_s"] for st in g) for g in timed]
+    return statistics.median(work) if work else None
+
+
 def flatten_measurement(case: Case, data: dict) -> dict:
     """The rank-0 JSON in the record's common measurement shape, the full per-rank data kept beside it.
 
@@ -210,6 +219,10 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "divergence_before_sync": [st["divergence"] for st in r0["steps"] if st["synced"]],
         "final_loss": s["final_loss_per_rank"][0],
         "eval_loss": s["eval_loss_per_rank"][0],
+        "eval_curve": s.get("eval_curve", []),
+        "data": r0.get("data"),
+        "timer": r0.get("timer", "perf_counter"),
+        "compute_time_s": compute_time(timed),
         "final_divergence": s["final_divergence"],
         "step_times_s": step_times,
         "step_time_median_s": median,

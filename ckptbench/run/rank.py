@@ -1,8 +1,9 @@
 """One torchrun rank: ``python -m ckptbench.run.rank --case case.json --out DIR [--sync-impl ...]``.
 
-Every rank trains; rank 0 gathers all ranks' measurements (``gather_object``, not counted as
-training traffic) and writes one JSON file per case atomically (tmp, fsync, rename), so a reader never
-sees half a result and a killed group leaves no file rather than a wrong one.  Several ``--case`` flags
+Every rank trains; all ranks' measurements are gathered (``all_gather_object``, not counted as training
+traffic) and the first rank of each node writes one JSON file per case atomically (tmp, fsync, rename),
+so a reader never sees half a result, a killed group leaves no file rather than a wrong one, and a group
+spanning hosts leaves the same result on every host (each host's sweep records it).  Several ``--case`` flags
 run several cases in the same process group, which saves one torchrun start-up (seconds) per case.
 """
 
@@ -51,6 +52,7 @@ def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
         "timed_iterations": len(timed),
         "final_loss_per_rank": [r["final_loss"] for r in ranks],
         "eval_loss_per_rank": [r["eval_loss"] for r in ranks],
+        "eval_curve": r0.get("eval_curve", []),
         "final_divergence": max(r["final_divergence"] for r in ranks),
         "estimate": est,
         "estimate_matches": est["allreduce_payload_bytes"] == ar["payload_bytes"],
@@ -77,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         torch.set_num_threads(case.train.threads)
         data = train_rank(case, sync_impl=args.sync_impl)
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(data, gathered, dst=0)
-        if dist.get_rank() == 0:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, data)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             os.makedirs(args.out, exist_ok=True)
             import accelerate
             import transformers

@@ -18,12 +18,18 @@ Meters: collectives are counted by :class:`ckptbench.measure.comm.C10dInterposer
 compute ops, so every iteration is counted and timed.  Parameter divergence needs an extra all-reduce;
 it runs right before each averaging with the recorder paused, outside the timed region.  Activation
 memory uses a dispatch mode, which slows the step, so it runs only on the first ``train.memory_steps``
-optimizer steps, which are flagged ``metered`` and left out of timing summaries.
+optimizer steps, which are flagged ``metered`` and left out of timing summaries.  Times are read by
+:func:`ckptbench.measure.timing.boundary_clock`, which on CUDA synchronises first, so a step, an
+averaging and tokens/s are the device's work, not the host's enqueue.
+
+Data and quality: batches come from :mod:`.data` (random ids, or byte-level text with a shard per rank);
+on text, the held-out loss of the ranks' parameter average (:mod:`.evaluate`) is taken before training,
+every ``data.eval_every`` optimizer steps and after the closing averaging, with the recorder paused and
+outside every timed region: the record's ``eval_curve`` (step, tokens seen by all ranks, loss).
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 from contextlib import nullcontext
 
@@ -32,9 +38,12 @@ import torch.distributed as dist
 
 from ..measure.comm import C10dInterposer, CollectiveRecorder
 from ..measure.storage import LiveStorageTracker, track_training_state
+from ..measure.timing import boundary_clock
 from ..spec import SYNC_IMPLS, Case
 from .checkpointing import enable_checkpointing
-from .models import build_model, synthetic_batch
+from .data import eval_steps, rank_data
+from .evaluate import averaged_held_out_loss
+from .models import build_model
 
 
 class ForwardActivations:
@@ -180,12 +189,17 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
 
     opt_steps = train.warmup_steps + train.steps
     iterations = opt_steps * case.grad_accum
-    # Each rank sees its own data (that is what makes ranks diverge); generated up front, untimed.
-    batches = [synthetic_batch(case.model.vocab, case.batch_size, case.seq_len,
-                               seed=train.seed * 1_000_003 + rank * 10_007 + it, device=accelerator.device)
-               for it in range(iterations)]
-    eval_batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, seed=train.seed + 999_983,
-                                 device=accelerator.device)
+    # Each rank sees its own data (that is what makes ranks diverge); made up front, untimed.
+    data = rank_data(case, rank, world, iterations, accelerator.device)
+    batches = data.batches
+    evaluations = eval_steps(opt_steps, case.data.eval_every) if data.random_eval is None else []
+    eval_curve: list[dict] = []
+    clock = boundary_clock(accelerator.device)
+
+    def evaluate(step: int) -> None:  # the held-out loss of the ranks' average, outside every timed region
+        with recorder.paused():
+            loss = averaged_held_out_loss(accelerator.unwrap_model(model), data.held_out, data.held_out_total, world)
+        eval_curve.append({"step": step, "tokens": step * case.tokens_per_step, "loss": loss})
 
     recorder = CollectiveRecorder(world)
     records: list[dict] = []
@@ -200,12 +214,14 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
             sync = LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=k, enabled=False)
         dist.barrier()  # counted under "setup": start the timed loop together
         recorder.set_step(0)
+        if evaluations:
+            evaluate(0)
         with sync:
             for it in range(iterations):
                 recorder.set_step(it)
                 metered = it < train.memory_steps * case.grad_accum
                 meter = forward_meter(model) if metered and forward_meter is not None else nullcontext()
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 with accelerator.accumulate(model):
                     with meter:
                         loss = model(input_ids=batches[it], labels=batches[it]).loss
@@ -214,16 +230,16 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad()
-                t1 = time.perf_counter()
+                t1 = clock.now()
                 divergence = (None, None)
                 syncing = _will_sync(sync, k)
                 if syncing:
                     with recorder.paused():
                         divergence = param_divergence(model, world)
-                t2 = time.perf_counter()
+                t2 = clock.now()
                 with recorder.phase("sync"):
                     sync.step()
-                t3 = time.perf_counter()
+                t3 = clock.now()
                 events = [e for e in recorder.events if e["step"] == it]
                 sync_s = (t3 - t2) if syncing else _ddp_tail_wait(events)
                 if metered and forward_meter is not None:
@@ -242,19 +258,26 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
                     **recorder.totals(it),
                     "ops": recorder.summary(it),
                 })
+                done = (it + 1) // case.grad_accum if (it + 1) % case.grad_accum == 0 else None
+                if done in evaluations[1:-1]:
+                    evaluate(done)
             recorder.set_step("exit")
             exit_div = (None, None)
             if k > 0:
                 with recorder.paused():
                     exit_div = param_divergence(model, world)
-            t_exit = time.perf_counter()
-        exit_s = time.perf_counter() - t_exit
+            t_exit = clock.now()
+        exit_s = clock.now() - t_exit
         recorder.set_step("eval")
         with recorder.paused():
             final_div = param_divergence(model, world)
-        unwrapped = accelerator.unwrap_model(model)
-        with torch.no_grad():
-            eval_loss = unwrapped(input_ids=eval_batch, labels=eval_batch).loss.item()
+        if evaluations:  # after the closing averaging: the model the run ends with
+            evaluate(opt_steps)
+            eval_loss = eval_curve[-1]["loss"]
+        else:
+            with torch.no_grad():
+                eval_loss = accelerator.unwrap_model(model)(input_ids=data.random_eval,
+                                                            labels=data.random_eval).loss.item()
 
     loop_keys = list(range(iterations)) + ["exit"]
     total_ops: dict[str, dict] = {}
@@ -292,6 +315,9 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
         "sync_s": sync_records,
         "final_loss": records[-1]["loss"],
         "eval_loss": eval_loss,
+        "eval_curve": eval_curve,
+        "data": data.corpus,
+        "timer": clock.kind,
         "final_divergence": final_div[0],
         "forward_live_bytes": forward_bytes,
         "comm_meter": "c10d-autograd-kernel",
