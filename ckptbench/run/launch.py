@@ -19,6 +19,7 @@ import ckptbench
 
 from ..spec import Case
 from ..store.files import tail
+from .nodes import Nodes, rendezvous_args
 
 STDERR_TAIL_CHARS = 4000
 
@@ -68,22 +69,21 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def torchrun_command(case_paths: list[str], out_dir: str, world_size: int, port: int,
-                     sync_impl: str) -> list[str]:
-    cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(world_size), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), "-m", "ckptbench.run.rank", "--out", out_dir,
-           "--sync-impl", sync_impl]
+                     sync_impl: str, nodes: Nodes = Nodes(), run_id: str = "") -> list[str]:
+    cmd = [TORCHRUN, *rendezvous_args(nodes, world_size, port, run_id), "-m", "ckptbench.run.rank",
+           "--out", out_dir, "--sync-impl", sync_impl]
     for p in case_paths:
         cmd += ["--case", p]
     return cmd
 
 
 def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
-                          sync_impl: str = "accelerate") -> list[dict]:
+                          sync_impl: str = "accelerate", nodes: Nodes | None = None) -> list[dict]:
     """Run `cases` one after the other inside ONE torchrun group (one start-up for all).
 
     All cases must share ``world_size``, ``device`` and ``train.threads`` (they share the processes).
     Returns one result dict per case, shaped as :func:`run_distributed_case` documents; a crash or
-    timeout marks the cases without a result file.
+    timeout marks the cases without a result file.  `nodes` spreads the group over hosts (:mod:`.nodes`).
     """
     if not cases:
         return []
@@ -110,7 +110,8 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
     if first.device == "cpu":
         env["ACCELERATE_USE_CPU"] = "1"
     stderr_path = os.path.join(workdir, "stderr.txt")
-    cmd = torchrun_command(case_paths, out_dir, first.world_size, free_port(), sync_impl)
+    cmd = torchrun_command(case_paths, out_dir, first.world_size, free_port(), sync_impl, nodes or Nodes(),
+                           run_id=f"ckptbench-{first.id}")
     start = time.perf_counter()
     status, reason = "ok", ""
     with open(stderr_path, "wb") as err, open(os.path.join(workdir, "stdout.txt"), "wb") as out:
@@ -147,13 +148,14 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
     return results
 
 
-def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: str = "accelerate") -> dict:
+def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: str = "accelerate",
+                         nodes: Nodes | None = None) -> dict:
     """Run one multi-rank Case under torchrun; never raises for a failed run.
 
     Returns ``{"status": "ok"|"timeout"|"crash", "reason": str, "stderr_tail": str, "wall_s": float,
     "measurement": {...}}`` where ``measurement`` is the JSON rank 0 wrote (``{}`` on failure).
     """
-    return run_distributed_cases([case], workdir, timeout_s, sync_impl)[0]
+    return run_distributed_cases([case], workdir, timeout_s, sync_impl, nodes)[0]
 
 
 def per_optimizer_step(steps: list[dict]) -> list[list[dict]]:
