@@ -63,6 +63,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "collectives": ("measurement.collectives_per_step", "num"),
     "sync_s": ("measurement.sync_time_s", "num"),
     "loss_per_rank": ("measurement.loss_per_rank", "obj"),
+    "seed": ("case.train.seed", "num"),
+    "data_source": ("case.data.source", "str"),  # absent on records from before [data]: random
+    "sync_impl": ("case.sync_impl", "str"),
+    "eval_curve": ("measurement.eval_curve", "obj"),  # held-out loss at fixed token counts (text sources)
+    "eval_loss": ("measurement.eval_loss", "num"),
+    "compute_s": ("measurement.compute_time_s", "num"),  # step time less synchronisation, per optimizer step
+    "comm_payload_total": ("measurement.comm_payload_bytes", "num"),
+    "allreduce_count": ("measurement.allreduce_count", "num"),
+    "syncs": ("measurement.syncs", "num"),
+    "params_bytes": ("measurement.params_bytes", "num"),
     # analytic estimate
     "est_after_fwd": ("estimate.mem_after_forward_bytes", "num"),
     "est_act_after_fwd": ("estimate.activations_after_forward_bytes", "num"),

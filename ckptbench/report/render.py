@@ -17,7 +17,7 @@ import jinja2
 from ..store.files import write_text_atomic
 from ..store.records import load_records, to_frame
 from ..theory.simulated import beside_measurements, load_simulated
-from . import figures, plan_section, tables
+from . import figures, localsgd_quality, network_section, plan_section, tables
 from .columns import has, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -137,6 +137,12 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
     d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
                                       (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
+    d["quality"] = _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_rows(t), [])
+    d["quality_figs"] = [f for f in (_guard(ctx, "local SGD quality", lambda: localsgd_quality.eval_curves(t)),
+                                     _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_vs_saved(
+                                         d["quality"]))) if f is not None]
+    d["network"] = _guard(ctx, "network projection", lambda: network_section.projection(t))
+    d["network_fig"] = _guard(ctx, "network projection", lambda: network_section.projection_figure(d["network"]))
     d["failures"] = tables.failure_rows(t)
     d["plan"] = _guard(ctx, "plan", lambda: plan_section.load_plan(run_dir))
     if d["plan"]:
@@ -152,7 +158,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
         "pareto": bool(d["pareto_figs"]),
         "checks": not ok.empty,
         "breakdown": d["breakdown_fig"] is not None,
-        "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]),
+        "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]) or bool(d["quality"]) or bool(d["network"]),
         "plan": bool(d.get("plan")),
         "failures": True,
         "baseline": baseline_dir is not None,
