@@ -11,6 +11,7 @@ import time
 from collections import Counter
 
 from ..suite import load_suite
+from .nodes import from_args as nodes_from
 
 # A sweep larger than this runs only when asked twice: a typo in an axis multiplies the plan.
 MAX_POINTS = 10_000
@@ -233,7 +234,8 @@ def cmd_sweep(args) -> int:
             raise UsageError(f"projected {projection.seconds / 60:.1f} min > --max-minutes {args.max_minutes:g}: "
                              "points not started by then would be recorded skipped; pass --yes to start anyway, "
                              "or plan less")
-    options = SweepOptions(out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
+    nodes = nodes_from(args, [c.world_size for c in cases])
+    options = SweepOptions(nodes=nodes, out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
                            max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats)
     plan_state: dict = {}
 
@@ -315,7 +317,9 @@ def add_parser(sub) -> None:
                         "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    from . import nodes as nodes_flags
     from .quick import add_arguments
 
     add_arguments(p)
+    nodes_flags.add_arguments(p)
     p.set_defaults(func=cmd_sweep)

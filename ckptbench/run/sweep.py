@@ -22,6 +22,7 @@ from ..store.records import RecordStore
 from .fits import too_big
 from .forkserver import IsolatedRunner
 from .lifeline import SweepLock
+from .nodes import Nodes
 
 # Variables that set a math library's thread count behind torch's back.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -45,6 +46,7 @@ class SweepOptions:
     memory_cap: int | None = None  # --memory-gib: a worker holding more is stopped (oom); no point estimated above starts
     force: bool = False  # start points whose estimated peak exceeds the memory available
     repeats: int | None = None  # runs per Case (None: the suite's `repeats`)
+    nodes: Nodes = Nodes()  # --nnodes ...: multi-rank points spread over hosts (torchrun's c10d rendezvous)
     faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
 
 
@@ -77,11 +79,12 @@ def pending(planned: list[Case], recorded: list[dict], resume: bool,
     return todo, passed
 
 
-def _run_group(case: Case, work_dir: str, timeout: float) -> dict:
+def _run_group(case: Case, work_dir: str, timeout: float, nodes: Nodes = Nodes()) -> dict:
     """A multi-rank Case: one torchrun group of its own, its rank-0 result in the common shape."""
     from .launch import flatten_measurement, run_distributed_case
 
-    result = run_distributed_case(case, os.path.join(work_dir, case.id), timeout, sync_impl=case.sync_impl)
+    result = run_distributed_case(case, os.path.join(work_dir, case.id), timeout, sync_impl=case.sync_impl,
+                                  nodes=nodes)
     if result["status"] == "ok":
         result["measurement"] = flatten_measurement(case, result["measurement"])
     return result
@@ -199,7 +202,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_reco
             elif not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
                 result = {"status": "skipped", "reason": why}
             elif case.world_size > 1:
-                result = _run_group(case, work_dir, timeout)
+                result = _run_group(case, work_dir, timeout, options.nodes)
             else:
                 result = runner.run(case, work_dir, timeout, fault, options.memory_cap)
             _judge_budget(result, suite.memory_budget_bytes)

@@ -65,3 +65,59 @@ def test_each_node_ran_one_rank(runs):
     _, both = runs
     assert [m["ranks"][0]["world_size"] for m in both[0]] == [2, 2]
     assert both[0][0]["ranks"] == both[1][0]["ranks"]  # the same gathered result on both hosts
+
+
+SUITE = """
+[model]
+preset = "llama-tiny"
+attn = "eager"
+[train]
+warmup_steps = 1
+steps = 3
+threads = 1
+[data]
+source = "stdlib"
+[sweep]
+batch_size = [2]
+seq_len = [32]
+world_size = [2]
+local_sgd_steps = [2]
+"""
+
+
+def test_each_host_runs_the_same_sweep_and_records_the_point(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    suite = tmp_path / "two-hosts.toml"
+    suite.write_text(SUITE)
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(suite), "--out",
+                               str(tmp_path / f"host{i}"), "--nnodes", "2", "--node-rank", str(i), "--rdzv-endpoint",
+                               endpoint, "--local-addr", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    records = []
+    for i in (0, 1):
+        with open(tmp_path / f"host{i}" / "records.jsonl") as fh:
+            (record,) = [json.loads(line) for line in fh]
+        records.append(record)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert records[0]["case_id"] == records[1]["case_id"]
+    assert records[0]["measurement"]["comm_payload_bytes"] == records[1]["measurement"]["comm_payload_bytes"]
+    assert records[0]["measurement"]["eval_curve"] == records[1]["measurement"]["eval_curve"]
+
+
+def test_a_layout_torchrun_could_not_start_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(SUITE.replace("world_size = [2]", "world_size = [3]"))
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(suite), "--out",
+                           str(tmp_path / "r"), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "error: world_size 3 cannot be spread evenly over 2 nodes"
