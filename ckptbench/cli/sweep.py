@@ -198,7 +198,8 @@ def cmd_sweep(args) -> int:
     from rich.console import Console
 
     from ..run.calibration import machine_rates
-    from ..run.sweep import Interrupted, SweepOptions, plan, run_sweep
+    from ..run.scheduler import Interrupted
+    from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
     from ..env import unsupported_transformers

@@ -19,6 +19,7 @@ from ..spec import Case
 from ..store.files import tail
 from .faults import Fault
 from .hostmem import WorkerWatch, explain_kill, human_bytes, read_host_memory
+from .slots import Placement
 
 STDERR_TAIL_CHARS = 2000
 SAMPLE_S = 0.1  # how often a running worker's memory is read (a few /proc files: microseconds)
@@ -33,22 +34,31 @@ class IsolatedRunner:
         # first model build (about a third of a second per worker otherwise)
         self.ctx.set_forkserver_preload(["ckptbench.run.worker", "ckptbench.run.preload"])
         self.current = None
+        self.cancelled = False  # kill_current was called: a worker started after that is killed at once
 
     def run(self, case: Case, work_dir: str, timeout_s: float, fault: Fault | None,
-            memory_cap: int | None = None) -> dict:
-        """Run `case` in a fresh worker, watching its memory; stop it past `timeout_s` or `memory_cap`."""
+            memory_cap: int | None = None, placement: Placement | None = None, repeat: int = 0) -> dict:
+        """Run `case` in a fresh worker, watching its memory; stop it past `timeout_s` or `memory_cap`.
+
+        The worker pins itself to `placement`'s cores and sees only its devices; repeats of one Case get
+        files of their own, since on several slots they may run at the same time.
+        """
         from .worker import child_main  # the fork server has it loaded; importing here keeps torch out
 
-        result_path = os.path.join(work_dir, f"{case.id}.json")
-        log_path = os.path.join(work_dir, f"{case.id}.log")
+        name = case.id if repeat == 0 else f"{case.id}-{repeat}"
+        result_path = os.path.join(work_dir, f"{name}.json")
+        log_path = os.path.join(work_dir, f"{name}.log")
+        where = {"cores": list(placement.cores), "env": placement.env()} if placement is not None else None
         for stale in (result_path, log_path):
             if os.path.exists(stale):
                 os.remove(stale)
         t_submit = time.time()
         proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault,
-                                                         timeout_s), name=f"ckptbench-{case.id}")
+                                                         timeout_s, where), name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
+        if self.cancelled:  # stopped from another thread while this one was starting the worker
+            proc.kill()
         watch = WorkerWatch(proc.pid, memory_cap)
         stopped = self._wait(proc, watch, timeout_s)
         self.current = None
@@ -89,10 +99,18 @@ class IsolatedRunner:
                 return {"status": "timeout", "reason": f"no result after {timeout_s:g} s; worker killed"}
 
     def kill_current(self) -> None:
+        """Kill the worker in flight, from any thread; the thread waiting on it sees it end and returns.
+
+        No ``join`` or ``is_alive`` here: both read the fork server's exit-status pipe, which the waiting
+        thread reads too, and two readers of it race.
+        """
+        self.cancelled = True
         proc = self.current
-        if proc is not None and proc.is_alive():
-            proc.kill()
-            proc.join()
+        if proc is not None:
+            try:
+                proc.kill()
+            except (AttributeError, OSError, ValueError):  # not started yet (the check after start kills it)
+                pass
 
 
 def _killed(sig: str, watch: WorkerWatch) -> dict:

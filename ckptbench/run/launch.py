@@ -14,11 +14,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import ckptbench
 
 from ..spec import Case
 from ..store.files import tail
+from .lifeline import CORES_VAR
 from .nodes import Nodes, rendezvous_args
 
 STDERR_TAIL_CHARS = 4000
@@ -78,12 +80,17 @@ def torchrun_command(case_paths: list[str], out_dir: str, world_size: int, port:
 
 
 def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
-                          sync_impl: str = "accelerate", nodes: Nodes | None = None) -> list[dict]:
+                          sync_impl: str = "accelerate", where: dict | None = None,
+                          on_start: Callable[[subprocess.Popen], None] | None = None,
+                          nodes: Nodes | None = None) -> list[dict]:
     """Run `cases` one after the other inside ONE torchrun group (one start-up for all).
 
     All cases must share ``world_size``, ``device`` and ``train.threads`` (they share the processes).
     Returns one result dict per case, shaped as :func:`run_distributed_case` documents; a crash or
-    timeout marks the cases without a result file.  `nodes` spreads the group over hosts (:mod:`.nodes`).
+    timeout marks the cases without a result file.  `where` is the sweep's slot for the group (cores
+    every rank is pinned to, variables such as ``CUDA_VISIBLE_DEVICES``); `on_start` is handed the
+    launcher process, so a sweep running groups side by side can stop one with :func:`kill_tree`;
+    `nodes` spreads the group over hosts (:mod:`.nodes`).
     """
     if not cases:
         return []
@@ -109,6 +116,10 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     if first.device == "cpu":
         env["ACCELERATE_USE_CPU"] = "1"
+    if where:
+        env.update(where["env"])
+        if where["cores"]:
+            env[CORES_VAR] = ",".join(map(str, where["cores"]))
     stderr_path = os.path.join(workdir, "stderr.txt")
     cmd = torchrun_command(case_paths, out_dir, first.world_size, free_port(), sync_impl, nodes or Nodes(),
                            run_id=f"ckptbench-{first.id}")
@@ -118,6 +129,8 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
         # through the lifeline: torchrun's agent dies with the sweep, its ranks die with the agent
         proc = subprocess.Popen([sys.executable, "-m", "ckptbench.run.lifeline", *cmd], stdout=out, stderr=err,
                                 env=env, cwd=workdir, start_new_session=True)
+        if on_start is not None:
+            on_start(proc)
         try:
             rc = proc.wait(timeout=timeout_s)
             if rc != 0:
@@ -149,13 +162,15 @@ def run_distributed_cases(cases: list[Case], workdir: str, timeout_s: float,
 
 
 def run_distributed_case(case: Case, workdir: str, timeout_s: float, sync_impl: str = "accelerate",
+                         where: dict | None = None,
+                         on_start: Callable[[subprocess.Popen], None] | None = None,
                          nodes: Nodes | None = None) -> dict:
     """Run one multi-rank Case under torchrun; never raises for a failed run.
 
     Returns ``{"status": "ok"|"timeout"|"crash", "reason": str, "stderr_tail": str, "wall_s": float,
     "measurement": {...}}`` where ``measurement`` is the JSON rank 0 wrote (``{}`` on failure).
     """
-    return run_distributed_cases([case], workdir, timeout_s, sync_impl, nodes)[0]
+    return run_distributed_cases([case], workdir, timeout_s, sync_impl, where, on_start, nodes)[0]
 
 
 def per_optimizer_step(steps: list[dict]) -> list[list[dict]]:

@@ -1,8 +1,9 @@
-"""Run a suite: each Case in its own process, each result appended as a record before the next starts.
+"""Run a suite: each Case in its own process, each result appended as a record as soon as it ends.
 
 Single-process Cases run in workers forked from a preloaded fork server (:mod:`.forkserver`); Cases
-with ``world_size > 1`` are process groups and go through torchrun instead (:mod:`.launch`).  The parent
-never imports torch.
+with ``world_size > 1`` are process groups and go through torchrun instead (:mod:`.launch`).  Points
+run one at a time, or side by side on slots of cores or GPUs (:mod:`.slots`, :mod:`.scheduler`).  The
+parent never imports torch.
 """
 
 from __future__ import annotations
@@ -21,19 +22,13 @@ from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .fits import too_big
 from .forkserver import IsolatedRunner
-from .lifeline import SweepLock
 from .nodes import Nodes
+from .scheduler import Running, StopRequest, run_on_slots
+from .shards import SweepLock
+from .slots import Placement, sweep_slots
 
 # Variables that set a math library's thread count behind torch's back.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-class Interrupted(Exception):
-    """Ctrl-C during a sweep: the worker in flight was stopped, every finished record is kept."""
-
-    def __init__(self, done: int, remaining: int):
-        self.done, self.remaining = done, remaining
-        super().__init__(f"interrupted after {done} points, {remaining} not run")
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,9 @@ class SweepOptions:
     memory_cap: int | None = None  # --memory-gib: a worker holding more is stopped (oom); no point estimated above starts
     force: bool = False  # start points whose estimated peak exceeds the memory available
     repeats: int | None = None  # runs per Case (None: the suite's `repeats`)
+    parallel: int | None = None  # --parallel N: CPU points side by side, each pinned to its own cores
+    devices: tuple[int, ...] | None = None  # --devices: CUDA points side by side, one device each
+    job: str | None = None  # the job manager's id for this sweep (a Slurm array task), kept in each record
     nodes: Nodes = Nodes()  # --nnodes ...: multi-rank points spread over hosts (torchrun's c10d rendezvous)
     faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
 
@@ -79,11 +77,15 @@ def pending(planned: list[Case], recorded: list[dict], resume: bool,
     return todo, passed
 
 
-def _run_group(case: Case, work_dir: str, timeout: float, nodes: Nodes = Nodes()) -> dict:
+def _run_group(case: Case, work_dir: str, timeout: float, repeat: int, placement: Placement,
+               point: Running, nodes: Nodes = Nodes()) -> dict:
     """A multi-rank Case: one torchrun group of its own, its rank-0 result in the common shape."""
-    from .launch import flatten_measurement, run_distributed_case
+    from .launch import flatten_measurement, kill_tree, run_distributed_case
 
-    result = run_distributed_case(case, os.path.join(work_dir, case.id), timeout, sync_impl=case.sync_impl,
+    name = case.id if repeat == 0 else f"{case.id}-{repeat}"
+    where = {"cores": list(placement.cores), "env": placement.env()}
+    result = run_distributed_case(case, os.path.join(work_dir, name), timeout, sync_impl=case.sync_impl,
+                                  where=where, on_start=lambda proc: point.register(lambda: kill_tree(proc)),
                                   nodes=nodes)
     if result["status"] == "ok":
         result["measurement"] = flatten_measurement(case, result["measurement"])
@@ -156,64 +158,84 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
 
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
               annotate: Callable[[Case, dict], None] | None = None,
-              on_start: Callable[[list[tuple[Case, int]]], None] | None = None) -> SweepResult:
+              on_start: Callable[[list[tuple[Case, int]]], None] | None = None,
+              on_running: Callable[[list[Running]], None] | None = None,
+              stop: StopRequest | None = None) -> SweepResult:
     """Run the planned Cases not yet in the store; append one record per Case as soon as it ends.
 
     `on_start` sees the (Case, repeat) runs about to start once the directory has been accepted (lock held, no
-    duplicates), so what the CLI says will run is what runs.
+    duplicates), so what the CLI says will run is what runs; `on_running` sees the points in flight
+    whenever one starts or ends; `stop`, set from a signal handler, ends the sweep early (:class:`Stopped`).
     """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
         raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
     store = RecordStore(options.out_dir)
     store.ensure()
-    with SweepLock(options.out_dir, options.shard):
-        return _run_locked(suite, options, store, on_record, annotate, on_start)
+    planned = plan(suite, options.shard)
+    slots = sweep_slots(planned, options.parallel, options.devices, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job) as lock:
+        def running(points: list[Running]) -> None:
+            lock.running([p.to_dict() for p in points])
+            if on_running is not None:
+                on_running(points)
+        return _run_locked(suite, options, store, slots, on_record, annotate, on_start, running, stop)
 
 
-def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, on_record, annotate,
-                on_start) -> SweepResult:
-    recorded = store.load().records
+def accept_directory(suite: Suite, options: SweepOptions, recorded: list[dict]) -> None:
+    """Refuse a directory that holds another suite's points, or (without --resume) some of this shard's."""
     recorded_ids = {r["case_id"] for r in recorded}
     _keep_suite_text(suite, options.out_dir, recorded_ids)
-    work_dir = os.path.join(options.out_dir, "work")
-    os.makedirs(work_dir, exist_ok=True)
     planned = plan(suite, options.shard)
     if not options.resume:
         again = [c for c in planned if c.id in recorded_ids]
         if again:
             raise UsageError(f"{options.out_dir} already holds {len(again)} of the {len(planned)} points this sweep "
                              "would run; add --resume to run only the missing ones, or choose another --out")
+
+
+def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, on_record, annotate,
+                on_start, on_running, stop) -> SweepResult:
+    recorded = store.load().records
+    accept_directory(suite, options, recorded)
+    work_dir = os.path.join(options.out_dir, "work")
+    os.makedirs(work_dir, exist_ok=True)
+    planned = plan(suite, options.shard)
     repeats = options.repeats or suite.repeats
     todo, skipped = pending(planned, recorded, options.resume, repeats)
     if on_start is not None:
         on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
     host_env = host_environment()
-    runner = IsolatedRunner()
     device_bytes = functools.cache(lambda: nvml_total_bytes(0))  # asked once, and only for a CUDA point
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
-    try:
-        for k, (case, repeat) in enumerate(todo):
-            fault = options.faults.get(case.id)
-            if deadline is not None and time.monotonic() >= deadline:
-                result = {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
-                          f"{options.max_minutes:g} deadline had passed"}
-            elif not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
-                result = {"status": "skipped", "reason": why}
-            elif case.world_size > 1:
-                result = _run_group(case, work_dir, timeout, options.nodes)
-            else:
-                result = runner.run(case, work_dir, timeout, fault, options.memory_cap)
-            _judge_budget(result, suite.memory_budget_bytes)
-            record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
-            store.append(record)
-            records.append(record)
-            if on_record is not None:
-                on_record(record, k + 1, len(todo))
-    except KeyboardInterrupt:
-        # Wherever Ctrl-C lands, the point in flight is dropped whole: its worker is killed and its
-        # record, not yet appended, will be run again by --resume.
-        runner.kill_current()
-        raise Interrupted(len(records), len(todo) - len(records)) from None
+    shard = f"{options.shard[0]}/{options.shard[1]}"
+
+    def not_started(case: Case) -> dict | None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
+                    f"{options.max_minutes:g} deadline had passed"}
+        if not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
+            return {"status": "skipped", "reason": why}
+        return None
+
+    def start(case: Case, repeat: int, placement: Placement, point: Running) -> dict:
+        if case.world_size > 1:
+            return _run_group(case, work_dir, timeout, repeat, placement, point, options.nodes)
+        runner = IsolatedRunner()
+        point.register(runner.kill_current)
+        return runner.run(case, work_dir, timeout, options.faults.get(case.id), options.memory_cap, placement, repeat)
+
+    def finish(case: Case, repeat: int, placement: Placement | None, result: dict) -> None:
+        _judge_budget(result, suite.memory_budget_bytes)
+        record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
+        record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}
+        if "cores_seen" in result:
+            record["placement"]["cores_seen"] = result["cores_seen"]
+        store.append(record)
+        records.append(record)
+        if on_record is not None:
+            on_record(record, len(records), len(todo))
+
+    run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
     return SweepResult(options.out_dir, planned, skipped, records)

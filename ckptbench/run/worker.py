@@ -253,14 +253,20 @@ def is_oom_error(exc: BaseException) -> bool:
 
 
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
-               fault: Fault | None = None, timeout_s: float | None = None) -> None:
+               fault: Fault | None = None, timeout_s: float | None = None, where: dict | None = None) -> None:
     """Entry point of a worker process: one Case, one result file, output to the point's log.
 
     It dies with the fork server (which dies with the sweep) and, failing all else, after its own timeout.
+    `where` is its slot: the cores it pins itself to before torch starts a thread, and the variables
+    (``CUDA_VISIBLE_DEVICES``) set before CUDA is first touched; the cores it then has are reported.
     """
     die_with_parent()
     let_the_fork_server_go()
     self_timeout(timeout_s)
+    if where:
+        os.environ.update(where["env"])
+        if where["cores"]:
+            os.sched_setaffinity(0, where["cores"])
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -278,4 +284,5 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         status = "oom" if is_oom_error(exc) else "crash"
         result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
     result["device_env"] = device_environment(case.device)
+    result["cores_seen"] = sorted(os.sched_getaffinity(0))
     write_json_atomic(result_path, result)

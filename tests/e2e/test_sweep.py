@@ -244,9 +244,9 @@ def test_sigkill_of_the_sweep_alone_takes_the_fork_server_and_worker_with_it(tmp
         time.sleep(0.05)
     assert [p for p in helpers if _alive(p)] == []
     # the kernel dropped the lock with the process: --resume may start at once
-    from ckptbench.run.lifeline import SweepLock
+    from ckptbench.run.shards import SweepLock
 
-    with SweepLock(out, (1, 1)):
+    with SweepLock(out, (1, 1), n_cases=6):
         pass
 
 
