@@ -74,7 +74,7 @@ def projection(t: pd.DataFrame) -> dict | None:
 
 
 def projection_figure(proj: dict | None) -> Figure | None:
-    """Projected step time against K per link (log–log), the run's compute time as the floor."""
+    """Projected step time against K per link (K on a log axis), the run's compute time as the floor."""
     if not proj or not proj["crossover"]:
         return None
     ddp = next((r for r in proj["rows"] if not r["K"]), None)
@@ -90,8 +90,7 @@ def projection_figure(proj: dict | None) -> Figure | None:
                 ax.plot([1], [1e3 * ddp["cells"][c["link"]].step_s], marker="s", color=colors[c["link"]])
         ax.axhline(1e3 * compute, color="0.3", linestyle="--", linewidth=0.8, label="compute (measured)")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("averaging every K steps (square at K=1: DDP as measured)")
+        ax.set_xlabel("averaging every K steps (square at K=1: DDP, from its measured all-reduces)")
         ax.set_ylabel("projected step time (ms)")
         ax.legend(frameon=False, fontsize=8)
         uri = _encode(fig)
