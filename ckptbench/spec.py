@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor's shape or count: a hub config of an analytic family that sets only
@@ -270,3 +270,4 @@ class Suite:
     budgets_gib: tuple[float, ...] = ()
     repeats: int = 1  # each Case runs this many times, in fresh workers, interleaved across Cases
     text: str = ""
+    slurm: dict = field(default_factory=dict)  # the [slurm] table: how --launcher slurm asks for each job

@@ -65,7 +65,12 @@ AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [
                  "world_size": [1], "sync_impl": ["accelerate"], "seed": []}  # seed: [train.seed]
 DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
              "eval_every": int, "eval_batches": int}
-TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES, "data": DATA_KEYS}
+# [slurm]: how `sweep --launcher slurm` asks for each job; flags of the same name override it.
+SLURM_KEYS = {"partition": str, "account": str, "qos": str, "constraint": str, "time_min": (int, float),
+              "gpus_per_task": int, "cpus_per_task": int, "mem_gib": (int, float), "jobs": int,
+              "array_parallelism": int, "setup": list}
+TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES, "data": DATA_KEYS,
+          "slurm": SLURM_KEYS}
 
 
 def _type_name(t) -> str:
@@ -248,6 +253,16 @@ def launcher_available() -> bool:
     return os.access(here, os.X_OK) or shutil.which("torchrun") is not None
 
 
+def _slurm(ck: _Checker, table: dict) -> dict:
+    """The ``[slurm]`` table, checked: sizes and the time limit positive, setup a list of shell lines."""
+    for key in ("time_min", "gpus_per_task", "cpus_per_task", "mem_gib", "jobs", "array_parallelism"):
+        if key in table:
+            ck.positive(f"slurm.{key}", table[key], allow_zero=key == "gpus_per_task")
+    if not all(isinstance(line, str) for line in table.get("setup", [])):
+        ck.fail("slurm.setup", f"must be a list of shell lines (strings), got {table['setup']!r}")
+    return dict(table)
+
+
 def parse_suite(text: str, path: str = "<suite>") -> Suite:
     ck = _Checker(path)
     try:
@@ -319,6 +334,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         budgets_gib=tuple(float(b) for b in budgets),
         repeats=int(suite.get("repeats", 1)),
         text=text,
+        slurm=_slurm(ck, ck.table(data, "slurm")),
     )
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``ckptbench sweep | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary``.
+"""Command line: ``ckptbench sweep | status | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary``.
 
 Each command lives in its own module here (:mod:`.sweep`, :mod:`.report`, :mod:`.estimate`, :mod:`.gpu`)
 and registers its parser; this module only dispatches.
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import estimate, gpu, models, plan, report, sweep
+    from . import estimate, gpu, models, plan, report, status, sweep
 
     sweep.add_parser(sub)
     models.add_parser(sub)
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_parsers(sub)
     estimate.add_parser(sub)
     gpu.add_parsers(sub)
+    status.add_parser(sub)
     return parser
 
 

@@ -52,10 +52,9 @@ def _fmt_mib(value) -> str:
 
 
 def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from .progress import sweep_progress
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.fields[last]}"), transient=False)
+    return sweep_progress()
 
 
 def summary_table(records: list[dict]):
@@ -237,7 +236,13 @@ def cmd_sweep(args) -> int:
                              "or plan less")
     nodes = nodes_from(args, [c.world_size for c in cases])
     options = SweepOptions(nodes=nodes, out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
-                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats)
+                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats,
+                           parallel=args.parallel, devices=args.devices)
+    from .distribute import check_flags, launch
+
+    check_flags(args, cases)
+    if args.launcher:
+        return launch(args, suite, options, console)
     plan_state: dict = {}
 
     def on_start(todo):  # the directory was accepted: say what will run and how long it should take
@@ -246,6 +251,7 @@ def cmd_sweep(args) -> int:
             times = f" ({len({c.id for c, _ in todo})} points, up to {repeats} times each)" if repeats > 1 else ""
             console.print(f"{len(todo)} runs to do{times}; {line}")
     from ..theory.annotate import annotate_record
+    from .progress import slot_lines
 
     with _progress() as progress:
         task = progress.add_task(suite.name, total=len(cases) * repeats, last="")
@@ -259,7 +265,8 @@ def cmd_sweep(args) -> int:
 
         started = time.monotonic()
         try:
-            result = run_sweep(suite, options, on_record=on_record, annotate=_with_projection(annotate_record, plan_state), on_start=on_start)
+            result = run_sweep(suite, options, on_record=on_record, annotate=_with_projection(annotate_record, plan_state), on_start=on_start,
+                               on_running=slot_lines(progress))
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
@@ -318,9 +325,11 @@ def add_parser(sub) -> None:
                         "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    from . import distribute
     from . import nodes as nodes_flags
     from .quick import add_arguments
 
     add_arguments(p)
     nodes_flags.add_arguments(p)
+    distribute.add_arguments(p)
     p.set_defaults(func=cmd_sweep)

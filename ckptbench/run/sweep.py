@@ -169,10 +169,10 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
         raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
-    store = RecordStore(options.out_dir)
-    store.ensure()
     planned = plan(suite, options.shard)
     slots = sweep_slots(planned, options.parallel, options.devices, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    store = RecordStore(options.out_dir)
+    store.ensure()
     with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job) as lock:
         def running(points: list[Running]) -> None:
             lock.running([p.to_dict() for p in points])

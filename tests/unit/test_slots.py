@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ckptbench.errors import UsageError
+from ckptbench.run.lifeline import CORES_VAR
 from ckptbench.run.slots import Slot, core_list, cpu_slots, cuda_slots, place, sweep_slots
 from ckptbench.spec import Case, TrainSpec, preset
 
@@ -78,3 +83,15 @@ def test_core_list_uses_range_notation():
     assert core_list([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
     assert core_list([5]) == "5"
 
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to see a pin")
+def test_a_torchrun_group_is_pinned_through_the_lifeline():
+    """The sweep starts torchrun through run.lifeline; with a slot's cores in CKPTBENCH_CORES, what it
+    launches (and every rank torchrun forks) has exactly those cores."""
+    core = max(os.sched_getaffinity(0))
+    proc = subprocess.run([sys.executable, "-m", "ckptbench.run.lifeline", sys.executable, "-c",
+                           "import os; print(sorted(os.sched_getaffinity(0)))"],
+                          env={**os.environ, CORES_VAR: str(core)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"[{core}]"

@@ -1,0 +1,164 @@
+"""Shards of one sweep as jobs: a Slurm job array through submitit, or submitit's local executor.
+
+Each job runs :func:`~.sweep.run_sweep` for one shard (``i/N``) of the suite, with ``--resume``'s
+rule, into the one results directory every job shares: records go through the store's locked appends,
+and :mod:`.shards`' locks keep two live jobs off the same points.  A job is a
+:class:`submitit.helpers.Checkpointable`, so submitit requeues it when its time runs out and the
+requeued job runs what its shard still misses.  ``--launcher local`` takes the same path with
+submitit's :class:`~submitit.LocalExecutor` (a job is a process on this machine, with its own time
+limit and the same signals), which is how CI runs it.
+
+Signals: submitit has Slurm send ``SIGUSR2`` 90 s before the time limit (``--signal``).  The job stops
+its sweep on it; when submitit judges the job timed out, the points in flight are recorded ``timeout``
+(a point that did not finish in the job's time is not run again by every requeued job), when it was
+preempted they are dropped whole, to be run again.  Then submitit's own handler checkpoints and
+requeues.  ``SIGTERM`` (``scancel``) stops the sweep the same way, dropping the points in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import submitit
+
+from ..spec import Suite
+from .scheduler import Stopped, StopRequest
+from .sweep import SweepOptions, run_sweep
+
+JOBS_DIR = "jobs"  # under the results directory: submitit's pickles and each job's log
+MANIFEST = "submitted.jsonl"  # under JOBS_DIR: one line per submission, the job id of every shard
+SIGNAL_DELAY_S = 90  # Slurm's warning before the time limit (submitit's default)
+LOCAL_TIME_MIN = 24 * 60  # the local executor's limit when none is given (submitit's own default is 2 min)
+MAX_REQUEUES = 3  # times a job whose time ran out is requeued to finish its shard
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """What each job asks the scheduler for: the suite's ``[slurm]`` table, overridden by flags."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time_min: float | None = None
+    gpus_per_task: int | None = None
+    cpus_per_task: int | None = None
+    mem_gib: float | None = None
+    jobs: int = 1
+    array_parallelism: int | None = None
+    setup: tuple[str, ...] = ()
+
+    @classmethod
+    def merged(cls, table: dict, flags: dict) -> SlurmSettings:
+        """The suite's table (checked by the suite parser), each key replaced by a flag that was given."""
+        values = {**table, **{k: v for k, v in flags.items() if v is not None}}
+        values["setup"] = tuple(values.get("setup", ()))
+        return cls(**values)
+
+
+def slurm_parameters(settings: SlurmSettings, job_name: str) -> dict:
+    """Keyword arguments for ``SlurmExecutor.update_parameters``: one task per job, one node."""
+    params: dict = {"job_name": job_name, "nodes": 1, "ntasks_per_node": 1, "signal_delay_s": SIGNAL_DELAY_S}
+    if settings.time_min is not None:
+        params["time"] = math.ceil(settings.time_min)
+    for key in ("partition", "account", "qos", "constraint", "gpus_per_task", "cpus_per_task",
+                "array_parallelism"):
+        if getattr(settings, key) is not None:
+            params[key] = getattr(settings, key)
+    if settings.mem_gib is not None:
+        params["mem"] = f"{math.ceil(settings.mem_gib * 1024)}MB"
+    if settings.setup:
+        params["setup"] = list(settings.setup)
+    return params
+
+
+def local_parameters(settings: SlurmSettings) -> dict:
+    """Keyword arguments for ``LocalExecutor.update_parameters``: the time limit, the GPUs a job sees."""
+    params: dict = {"timeout_min": settings.time_min or LOCAL_TIME_MIN, "signal_delay_s": SIGNAL_DELAY_S}
+    if settings.gpus_per_task:
+        params["gpus_per_node"] = settings.gpus_per_task
+    if settings.setup:
+        params["setup"] = list(settings.setup)
+    return params
+
+
+def make_executor(launcher: str, folder: str, settings: SlurmSettings, job_name: str):
+    """submitit's executor for `launcher` (``slurm`` needs ``srun`` on PATH: a Slurm login node)."""
+    if launcher == "slurm":
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
+        executor.update_parameters(**slurm_parameters(settings, job_name))
+    elif launcher == "local":
+        executor = submitit.LocalExecutor(folder=folder, max_num_timeout=MAX_REQUEUES)
+        executor.update_parameters(**local_parameters(settings))
+    else:
+        raise ValueError(f"unknown launcher {launcher!r}")
+    return executor
+
+
+class ShardJob(submitit.helpers.Checkpointable):
+    """What one job runs: one shard of the sweep; requeued whole (its state is what is on disk)."""
+
+    def __init__(self, suite: Suite, options: SweepOptions):
+        self.suite, self.options = suite, options
+
+    def __call__(self) -> dict:
+        from ..theory.annotate import annotate_record
+
+        job = submitit.JobEnvironment().job_id
+        stop = StopRequest()
+        warning = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+        submitits = signal.getsignal(warning)  # checkpoint and requeue: called once the sweep has stopped
+        warned = []
+
+        def on_warning(signum, frame):
+            warned.append(signum)
+            judge = getattr(submitits, "__self__", None)
+            if judge is None or not hasattr(judge, "has_timed_out") or judge.has_timed_out():
+                stop.request(f"stopped with job {job} at its time limit ({signal.Signals(signum).name})", "timeout")
+            else:
+                stop.request(f"stopped with job {job}: preempted", None)
+
+        signal.signal(warning, on_warning)
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.request(
+            f"stopped with job {job}: SIGTERM (scancel, or the job's end)", None))
+        i, n = self.options.shard
+        print(f"ckptbench: job {job} runs shard {i}/{n} of {self.suite.name} into {self.options.out_dir}", flush=True)
+        try:
+            result = run_sweep(self.suite, replace(self.options, job=job), annotate=annotate_record,
+                               on_record=_log_record, stop=stop)
+        except Stopped as exc:
+            print(f"ckptbench: {exc}", flush=True)
+            if warned and callable(submitits):
+                submitits(warning, None)  # checkpoints and requeues (exits), or gives up (raises)
+            raise
+        statuses = Counter(r["status"] for r in result.records)
+        return {"shard": [i, n], "job": job, "ran": len(result.records), "statuses": dict(statuses)}
+
+
+def _log_record(record: dict, k: int, total: int) -> None:
+    c = record["case"]
+    print(f"[{k}/{total}] {record['case_id']} {record['strategy']} b={c['batch_size']} s={c['seq_len']}: "
+          f"{record['status']} {record.get('reason', '')[:200]}", flush=True)
+
+
+def submit_shards(suite: Suite, options: SweepOptions, shards: list[int], n: int, executor, launcher: str) -> list:
+    """Submit one job per shard ``i/n`` for i in `shards` (a job array on Slurm); note them on disk."""
+    calls = [ShardJob(suite, replace(options, shard=(i, n), resume=True)) for i in shards]
+    with executor.batch():
+        jobs = [executor.submit(call) for call in calls]
+    folder = os.path.join(options.out_dir, JOBS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    line = {"submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "launcher": launcher,
+            "folder": os.path.abspath(str(executor.folder)),
+            "jobs": [{"shard": [i, n], "job_id": str(job.job_id)} for i, job in zip(shards, jobs)]}
+    with open(os.path.join(folder, MANIFEST), "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return jobs
