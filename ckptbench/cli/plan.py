@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 from ..errors import UsageError
 
@@ -37,11 +40,26 @@ def _model(args):
     text = (f'[suite]\ndevice = "{device}"\n[model]\n'
             + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn))
             + f"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n")
-    spec = parse_suite(text, f"--model {args.model}").cases[0].model
-    if not spec.analytic:
-        raise UsageError(f"plan needs the analytic estimate, which model_type {spec.family!r} does not have yet "
-                         "(sweep it: its records are checked against the simulated step)")
-    return spec
+    return parse_suite(text, f"--model {args.model}").cases[0].model
+
+
+def predictor(spec, seq: int, a, force_simulation: bool):
+    """The analytic estimate where the model's family has one (unless --simulate), else the few-layer
+    FakeTensor simulation extrapolated to the model's depth."""
+    from ..theory import plan as planner
+
+    if spec.analytic and not force_simulation:
+        return planner.Analytic()
+    from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
+    from ..theory.extrapolate import NotAffine, Simulated, extrapolation
+
+    offloads = (False, True) if a.device == "cuda" else (False,)
+    # every few-layer step is independent: one process per core simulates them
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=get_context("fork")) as pool:
+        try:
+            return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map))
+        except NotAffine as exc:
+            raise UsageError(f"cannot plan {spec.label} from a few-layer simulation: {exc}") from None
 
 
 def _calibration(path: str | None) -> dict:
@@ -122,7 +140,7 @@ def render(spec, seq: int, options, a) -> str:
              f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
     shown = options[:SHOWN]
     for o in shown:
-        lines.append(f"{o.strategy:<18} {o.max_batch:>9} {o.max_seq:>11} "
+        lines.append(f"{o.strategy:<18} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
                      f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "
                      f"{'-' if o.step_s is None else f'{o.step_s:.3f}':>8} "
                      f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
@@ -141,15 +159,22 @@ def cmd_plan(args) -> int:
     from ..theory import plan as planner
 
     spec, a = assumptions(args)
-    options = planner.plan(spec, args.seq, a)
+    t0 = time.perf_counter()
+    predict = predictor(spec, args.seq, a, args.simulate)
+    options = planner.plan(spec, args.seq, a, predict=predict)
+    took = time.perf_counter() - t0
     if args.json:
-        print(json.dumps(planner.to_dict(options, a), indent=2))
+        print(json.dumps({**planner.to_dict(options, a), "memory_source": predict.source,
+                          "planning_s": round(took, 2)}, indent=2))
     else:
         print(render(spec, args.seq, options, a))
+        print(f"memory and FLOPs: {predict.source}; planned in {took:.1f} s")
+        for why in sorted(set(getattr(predict, "max_seq_unknown", lambda: [])())):
+            print(f"max seq @b1 not predicted: {why}")
     if args.verify:
         from .verify import verify
 
-        return verify(args, spec, options, a)
+        return verify(args, spec, options, a, predict)
     return 0
 
 
@@ -166,6 +191,9 @@ def add_parser(sub) -> None:
     p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
     p.add_argument("--from-run", metavar="DIR",
                    help="a CUDA run's results: its measured allocator reserve and CUDA context replace the defaults")
+    p.add_argument("--simulate", action="store_true",
+                   help="plan from the few-layer FakeTensor simulation even where an analytic estimate exists "
+                        "(models without one always are)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",
                    help="run the recommendation and its neighbours here, print predicted vs measured, and "

@@ -26,7 +26,7 @@ def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]]
             f"offload = [{', '.join('true' if o else 'false' for o in offload)}]\n")
 
 
-def verify(args, spec, options, a) -> int:
+def verify(args, spec, options, a, predict) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
     from ..suite import parse_suite
@@ -53,9 +53,9 @@ def verify(args, spec, options, a) -> int:
 
     def annotate(case, record):  # each record keeps what the plan predicted for it
         annotate_record(case, record)
-        seconds, _ = step_seconds(case, a)
+        seconds, _ = step_seconds(case, a, predict)
         record["plan_prediction"] = {
-            "peak_bytes": (record.get("estimate") or {}).get("peak_bytes"),
+            "peak_bytes": predict.peak(case), "source": predict.source,
             "tokens_per_s": case.batch_size * case.seq_len / seconds if seconds else None,
             "max_batch": predicted[(case.every_n_layers, case.offload)].max_batch}
 
@@ -69,9 +69,9 @@ def verify(args, spec, options, a) -> int:
     ratios = []
     for r in load_records(out).records:
         case = next(c for c in cases if c.id == r["case_id"])
-        predicted_s, _ = step_seconds(case, a)
+        predicted_s, _ = step_seconds(case, a, predict)
         m = r.get("measurement") or {}
-        est = (r.get("estimate") or {}).get("peak_bytes")
+        est = predict.peak(case)
         tokens = case.batch_size * case.seq_len
         measured_tps = m.get("tokens_per_s")
         if predicted_s and m.get("step_time_median_s"):

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..spec import Case, TrainSpec, checkpointed_layers, checkpointing_name
 from .estimate import estimate_case
+from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
 from .offload import offload_bound_s
 
@@ -56,7 +57,7 @@ class Option:
     every_n_layers: int
     offload: bool
     max_batch: int  # at the asked sequence length; 0: not even batch 1 fits
-    max_seq: int  # at batch 1
+    max_seq: int | None  # at batch 1 (None: the predictor does not reach other lengths)
     peak_bytes: int | None = None  # estimated, at max_batch
     step_s: float | None = None
     tokens_per_s: float | None = None
@@ -75,46 +76,68 @@ def strategies(layers: int) -> list[tuple[int, bool]]:
     return out
 
 
-def _fits(case: Case, a: Assumptions) -> tuple[bool, int]:
-    peak = estimate_case(case).peak_bytes
+class Analytic:
+    """Peaks and FLOPs from the analytic estimate of the model's family."""
+
+    source = "analytic estimate"
+
+    def peak(self, case: Case) -> int:
+        return estimate_case(case).peak_bytes
+
+    def offloaded(self, case: Case) -> int:
+        return estimate_case(case).offloaded_bytes
+
+    def flops(self, case: Case) -> tuple[float, float]:
+        """(hardware FLOPs of the step, the same without checkpointing)."""
+        tokens = case.batch_size * case.seq_len * case.grad_accum
+        n_ckpt = len(case.checkpointed_layers)
+        return (hardware_flops_per_token(case.model, case.seq_len, n_ckpt) * tokens,
+                hardware_flops_per_token(case.model, case.seq_len, 0) * tokens)
+
+
+def _fits(case: Case, a: Assumptions, predict) -> tuple[bool, int]:
+    peak = predict.peak(case)
     return a.needed(peak) <= a.memory_bytes, peak
 
 
-def _largest(make, a: Assumptions, hi: int) -> int:
+def _largest(make, a: Assumptions, hi: int, predict) -> int:
     """The largest k in 1..hi for which make(k) fits (0 when 1 does not): doubling, then bisection."""
-    if not _fits(make(1), a)[0]:
+    if not _fits(make(1), a, predict)[0]:
         return 0
     lo, step = 1, 2
-    while step <= hi and _fits(make(step), a)[0]:
+    while step <= hi and _fits(make(step), a, predict)[0]:
         lo, step = step, step * 2
     high = min(step, hi + 1)  # first known (or assumed) not to fit
     while high - lo > 1:
         mid = (lo + high) // 2
-        if _fits(make(mid), a)[0]:
+        if _fits(make(mid), a, predict)[0]:
             lo = mid
         else:
             high = mid
     return lo
 
 
-def step_seconds(case: Case, a: Assumptions) -> tuple[float | None, float]:
+def step_seconds(case: Case, a: Assumptions, predict=None) -> tuple[float | None, float]:
     """(predicted step time, recompute share of the FLOPs)."""
+    predict = predict or Analytic()
     if not a.peak_flops_per_s:
         return None, 0.0
-    spec, n_ckpt = case.model, len(case.checkpointed_layers)
-    tokens = case.batch_size * case.seq_len * case.grad_accum
-    total = hardware_flops_per_token(spec, case.seq_len, n_ckpt) * tokens
-    plain = hardware_flops_per_token(spec, case.seq_len, 0) * tokens
+    total, plain = predict.flops(case)
     seconds = total / (a.peak_flops_per_s * a.efficiency)
     if case.offload:
-        offloaded = estimate_case(case).offloaded_bytes
+        offloaded = predict.offloaded(case)
         seconds += offload_bound_s(offloaded, a.link_bytes_per_s, a.link_bytes_per_s, case.grad_accum) or 0.0
     return seconds, (total - plain) / total
 
 
-def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None) -> list[Option]:
-    """Every strategy's largest batch and sequence, predicted speed, best first."""
-    train = train or TrainSpec()
+def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None) -> list[Option]:
+    """Every strategy's largest batch and sequence, predicted speed, best first.
+
+    `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
+    few-layer simulation extrapolated (:class:`.extrapolate.Simulated`) for a model without one.  A
+    largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.
+    """
+    train, predict = train or TrainSpec(), predict or Analytic()
 
     def case(batch: int, s: int, n: int, off: bool) -> Case:
         return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
@@ -122,13 +145,16 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None) -> lis
 
     options = []
     for n, off in strategies(model.layers):
-        max_batch = _largest(lambda b, n=n, off=off: case(b, seq, n, off), a, MAX_BATCH)
-        max_seq = _largest(lambda s, n=n, off=off: case(1, s, n, off), a, model.max_positions)
+        max_batch = _largest(lambda b, n=n, off=off: case(b, seq, n, off), a, MAX_BATCH, predict)
+        try:
+            max_seq = _largest(lambda s, n=n, off=off: case(1, s, n, off), a, model.max_positions, predict)
+        except NotAffine:
+            max_seq = None
         opt = Option(checkpointing_name(n, off), n, off, max_batch, max_seq)
         if max_batch:
             best = case(max_batch, seq, n, off)
-            opt.peak_bytes = _fits(best, a)[1]
-            opt.step_s, opt.recompute_flops_share = step_seconds(best, a)
+            opt.peak_bytes = _fits(best, a, predict)[1]
+            opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict)
             opt.tokens_per_s = max_batch * seq / opt.step_s if opt.step_s else None
         options.append(opt)
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))

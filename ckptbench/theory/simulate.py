@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..measure.flops import FlopCounter
 from ..measure.saved import LayerProbe
 from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
 from ..spec import ModelSpec
@@ -51,6 +52,12 @@ def _no_packed_sequence_detection():
         masking_utils.find_packed_sequence_indices = original
 
 
+class _NoCount(contextlib.nullcontext):
+    """Stands where the FLOP counter would, when FLOPs are not asked for: takes a phase, counts nothing."""
+
+    phase = ""
+
+
 @dataclass
 class SimResult:
     """One simulated step; keys follow the harness's measurement dict so ``estimate.check`` accepts it."""
@@ -68,6 +75,11 @@ class SimResult:
     host_bytes: int = 0
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
+    # the highest device total in each moment (forward-layer-i, forward-head, backward-layer-i, ...):
+    # what :mod:`.extrapolate` fits to carry a few-layer step to the full depth
+    moment_peaks: dict = field(default_factory=dict)
+    counted_flops: dict | None = None  # per phase, when asked: forward, backward, recompute
+    moment_traces: dict = field(default_factory=dict)  # moment -> total after each allocation, when asked
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +101,7 @@ def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
 
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             lr: float = 1e-4, device: str = "cpu") -> SimResult:
+             lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False) -> SimResult:
     """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes.
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
@@ -125,12 +137,21 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         return hook
 
     def on_phase(phase: str) -> None:
-        tr.phase = phase
+        tr.phase = tr.moment = phase
+        flops.phase = "backward"
         layer = int(phase.rsplit("-", 1)[1]) if phase.startswith("backward-layer-") else None
         if moves and layer in ckpt_inputs:
             tr.to_device(ckpt_inputs[layer][0])
 
-    handles = [layers[i].register_forward_pre_hook(keep_input(i), with_kwargs=True) for i in ckpt_idx]
+    def moment(name):
+        def hook(*_):
+            if in_forward[0]:
+                tr.moment = name
+        return hook
+
+    handles = [layer.register_forward_pre_hook(moment(f"forward-layer-{i}")) for i, layer in enumerate(layers)]
+    handles.append(model.get_output_embeddings().register_forward_pre_hook(moment("forward-head")))
+    handles += [layers[i].register_forward_pre_hook(keep_input(i), with_kwargs=True) for i in ckpt_idx]
     handles += [layers[i].register_forward_hook(leave_device(i), with_kwargs=True) for i in ckpt_idx]
 
     with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
@@ -143,25 +164,28 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         ids = torch.randint(0, spec.vocab, (batch, seq))
 
         tr = LiveStorageTracker()
+        tr.trace = trace
         track_training_state(tr, model, optimizer)
         tr.track(ids, "activations")
         params_bytes = tr.by_category["params"]
         optimizer_bytes = tr.by_category["optimizer"]
         grad_hooks = [p.register_post_accumulate_grad_hook(lambda p: tr.track(p.grad, "grads"))
                       for p in model.parameters()]
+        tr.phase = tr.moment = "forward"
         tr.reset_peak()
-        with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr:
-            tr.phase = "forward"
+        flops = FlopCounter() if count_flops else _NoCount()
+        with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr, flops:
             in_forward[0] = True
             loss = model(input_ids=ids, labels=ids).loss
             in_forward[0] = False
             after_forward = tr.total
             ckpt_bytes = sum(nbytes for _, nbytes in ckpt_inputs.values())
-            tr.phase = "backward-head"
+            tr.phase = tr.moment = "backward-head"
+            flops.phase = "backward"
             probe.in_backward = True
             loss.backward()
             del loss
-            tr.phase = "optimizer"
+            tr.phase = tr.moment = flops.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         for h in grad_hooks + handles:
@@ -180,4 +204,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         recomputed_layers=ckpt_idx,
         host_bytes=offloaded if moves else 0,
         wall_s=time.perf_counter() - t0,
+        moment_peaks=dict(tr.moment_peaks),
+        moment_traces=dict(tr.moment_traces),
+        counted_flops=dict(flops.flops) if count_flops else None,
     )

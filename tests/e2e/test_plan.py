@@ -13,6 +13,7 @@ from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.spec import TrainSpec, preset
 from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
+from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.plan import Assumptions, plan, strategies
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +35,7 @@ name = "plan-check"
 memory_budget_gib = {BUDGET_GIB}
 [model]
 preset = "llama-small"
+attn = "eager"
 [train]
 warmup_steps = 1
 memory_steps = 1
@@ -49,6 +51,13 @@ every_n_layers = [0, 1, 2]
     for n, b in checked.items():
         assert status[(n, b)] == "ok", (n, b)
         assert status[(n, b + 1)] == "over_budget", (n, b + 1)
+    # the predictor for models without an analytic estimate (few-layer simulation, extrapolated) draws
+    # the same line: its largest batches are the ones that really fit
+    simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False))
+    by_simulation = {(o.every_n_layers, o.offload): o.max_batch
+                     for o in plan(spec, SEQ, Assumptions(int(BUDGET_GIB * 2**30), "cpu"), TrainSpec(),
+                                   predict=simulated)}
+    assert {n: by_simulation[(n, False)] for n in checked} == checked
 
 
 def test_distinct_checkpointed_sets_only():

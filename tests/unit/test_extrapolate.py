@@ -1,0 +1,137 @@
+"""A deep model's step, extrapolated from 3- and 5-layer simulations, equals its full simulation to the byte.
+
+The planner sizes models without an analytic estimate this way (``ckptbench plan`` on any model type), so
+the extrapolation is checked against the thing it stands in for: the FakeTensor simulation of the whole
+model, at depths, batches, sequence lengths and checkpointing patterns none of the fitted steps had —
+peak, the moment of the peak, and the counted FLOPs with recompute.  And a step that does not add up layer
+by layer is refused, not extrapolated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import numpy as np
+import pytest
+
+from ckptbench.spec import preset
+from ckptbench.theory.extrapolate import (
+    NotAffine,
+    Observation,
+    Simulated,
+    chosen_layers,
+    extrapolation,
+    fit,
+    seq_points,
+)
+from ckptbench.theory.simulate import simulate
+
+SEQ = 48
+# a model with an analytic estimate and one without (qwen3: per-head q/k norms), both small enough to
+# simulate deep in a second
+LLAMA = preset("llama-small", hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
+QWEN3 = preset("qwen3-8b", dtype="bf16", attn="sdpa", hidden=128, intermediate=256, heads=4, kv_heads=2,
+               vocab=512, max_positions=4096)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def llama_cuda(pool):
+    """Fitted for a CUDA device (offload moves checkpointed inputs off it), batch 1 across lengths."""
+    return extrapolation(LLAMA, SEQ, "cuda", mapper=pool.map)
+
+
+@pytest.fixture(scope="module")
+def qwen3_cpu(pool):
+    return extrapolation(QWEN3, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map)
+
+
+def _full(spec, layers, n, off, batch, seq, device):
+    return simulate(dataclasses.replace(spec, layers=layers), batch, seq, n, off, device=device, count_flops=True)
+
+
+def _hardware(r) -> int:
+    f = r.counted_flops
+    return f["forward"] + f["backward"] + f["recompute"]
+
+
+@pytest.mark.parametrize("layers,n,offload,batch,seq", [
+    (8, 0, False, 2, SEQ), (8, 1, False, 5, SEQ), (9, 3, True, 4, SEQ), (9, 9, False, 2, SEQ),
+    (10, 4, True, 1, SEQ), (9, 2, False, 1, 200), (8, 1, True, 1, 700),  # batch 1 at lengths not fitted
+])
+def test_extrapolated_step_equals_the_full_simulation(llama_cuda, layers, n, offload, batch, seq):
+    real = _full(LLAMA, layers, n, offload, batch, seq, "cuda")
+    peak, moment = llama_cuda.fit_for(offload, batch, seq).peak(layers, chosen_layers(layers, n), batch, seq)
+    assert peak == real.peak_bytes
+    assert moment.startswith(real.peak_phase) or real.peak_phase == moment.split("-layer-")[0]
+    if seq == SEQ:
+        got = llama_cuda.fit_for(offload, batch, seq).hardware_flops(layers, chosen_layers(layers, n), batch, seq)
+        assert got == _hardware(real)
+
+
+@pytest.mark.parametrize("layers,n,batch", [(7, 0, 3), (11, 3, 6), (6, 6, 1), (12, 1, 1)])
+def test_a_model_without_an_analytic_estimate_extrapolates_exactly(qwen3_cpu, layers, n, batch):
+    real = _full(QWEN3, layers, n, False, batch, SEQ, "cpu")
+    predict = qwen3_cpu.fit_for(False, batch, SEQ)
+    assert predict.peak(layers, chosen_layers(layers, n), batch, SEQ)[0] == real.peak_bytes
+    assert predict.hardware_flops(layers, chosen_layers(layers, n), batch, SEQ) == _hardware(real)
+
+
+def test_the_planner_predictor_answers_full_depth_cases(qwen3_cpu):
+    from ckptbench.spec import Case, TrainSpec
+
+    deep = dataclasses.replace(QWEN3, layers=10)
+    case = Case(model=deep, train=TrainSpec(), batch_size=4, seq_len=SEQ, every_n_layers=3, device="cpu")
+    real = _full(QWEN3, 10, 3, False, 4, SEQ, "cpu")
+    sim = Simulated(dataclasses.replace(qwen3_cpu, spec=deep))
+    assert sim.peak(case) == real.peak_bytes
+    total, plain = sim.flops(case)
+    assert total == _hardware(real) and plain == _hardware(_full(QWEN3, 10, 0, False, 4, SEQ, "cpu"))
+    with pytest.raises(NotAffine):  # not fitted across lengths: batch 1 elsewhere is refused, not guessed
+        sim.peak(dataclasses.replace(case, batch_size=1, seq_len=2 * SEQ))
+
+
+def _synthetic(value) -> list[Observation]:
+    """Observations of a made-up model whose moments are `value(L, chosen, b)`."""
+    out = []
+    steps = [(3, c) for c in ((), (0, 1, 2), (0,), (0, 2))] + [(4, ()), (4, (0, 2))]
+    steps += [(5, c) for c in ((), (0, 1, 2, 3, 4), (0,), (0, 2, 4), (0, 3))]
+    for layers, chosen in steps:
+        for b in (2, 3):
+            moments = {"optimizer": value(layers, chosen, b)}
+            out.append(Observation(layers, frozenset(chosen), b, SEQ, moments, None))
+    return out
+
+
+def test_fit_recovers_an_affine_model_and_refuses_one_that_is_not():
+    affine = fit(_synthetic(lambda L, c, b: 1000 + 77 * L + 5 * len(c) + b * (300 + 11 * L)), s_degree=0)
+    assert affine.moments(40, range(0, 40, 3), 9, SEQ)["optimizer"] == 1000 + 77 * 40 + 5 * 14 + 9 * (300 + 11 * 40)
+    with pytest.raises(NotAffine, match="do not add up"):  # a term in L²: the four-layer check step disagrees
+        fit(_synthetic(lambda L, c, b: 1000 + 77 * L * L + b * 300), s_degree=0)
+
+
+def test_real_steps_perturbed_by_a_term_the_layers_do_not_explain_are_refused(qwen3_cpu):
+    batched = [o for o in qwen3_cpu.observations if o.batch >= 2]
+    assert fit(batched, s_degree=0).coefficients  # as simulated, they fit
+
+    def perturbed(o: Observation) -> Observation:
+        extra = o.layers ** 2  # bytes no sum of per-layer pieces gives
+        return dataclasses.replace(o, moment_peaks={k: v + extra for k, v in o.moment_peaks.items()},
+                                   moment_traces={k: [v + extra for v in t] for k, t in o.moment_traces.items()})
+
+    with pytest.raises(NotAffine, match="do not add up"):
+        fit([perturbed(o) for o in batched], s_degree=0)
+
+
+def test_sequence_points_stay_within_the_model_and_number_four():
+    assert seq_points(1024, 131072) == [512, 1024, 2048, 4096]
+    assert seq_points(2048, 2048) == [256, 512, 1024, 2048]
+    assert len(seq_points(16, 16)) < 4  # too short to fit across lengths: batch 1 is fitted at 16 only
+    assert np.all(np.diff(seq_points(3000, 8000)) > 0)
