@@ -99,6 +99,8 @@ def _jobs(run_dir: str, shards: list[ShardState]) -> list[JobState]:
     holding = {s.info.get("job"): s for s in shards if s.held}
     out = []
     for shard, (job_id, launcher, folder) in sorted(latest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if not os.path.isdir(folder):  # the run was copied or moved since: its jobs folder came along
+            folder = os.path.dirname(path)
         state = "running" if job_id in holding else _outcome(os.path.join(folder, f"{job_id}_0_result.pkl"))
         out.append(JobState(shard, job_id, launcher, state))
     return out

@@ -42,7 +42,8 @@ def test_status_across_two_shards_and_their_jobs(tmp_path):
     store.append({"case_id": second[0].id, "repeat": 0, "status": "ok"})
     jobs = tmp_path / "jobs"
     jobs.mkdir()
-    (jobs / "submitted.jsonl").write_text(json.dumps({"launcher": "slurm", "folder": str(jobs), "jobs": [
+    # submitted from where the run was before it was copied here: its job files are read from here
+    (jobs / "submitted.jsonl").write_text(json.dumps({"launcher": "slurm", "folder": "/scratch/gone/jobs", "jobs": [
         {"shard": [1, 2], "job_id": "9_0"}, {"shard": [2, 2], "job_id": "9_1"}]}) + "\n")
     with open(jobs / "9_0_0_result.pkl", "wb") as fh:
         pickle.dump(("error", "Traceback ...\nStopped: stopped with job 9_0 at its time limit"), fh)
