@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
 
-from .spec import canonical_config
+from .spec import FAMILIES, canonical_config
 
 # ModelSpec field -> config.json names, first found wins
 DIM_NAMES = {
@@ -28,6 +31,13 @@ DIM_NAMES = {
 # Keys that describe the file, not the model.
 DROPPED = ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
            "quantization_config", "model_type", "tie_word_embeddings", "use_cache")
+
+
+# The model types with an analytic estimate are built as LlamaForCausalLM, Qwen2ForCausalLM and
+# GPT2LMHeadModel, which all declare sdpa support (tests/unit/test_suite.py asks transformers); any other
+# model type's class is asked in a child interpreter (its modeling module imports torch).
+SDPA_FAMILIES = FAMILIES
+ASK_TIMEOUT_S = 120
 
 
 class ConfigError(ValueError):
@@ -103,3 +113,62 @@ def spec_values(config: dict) -> dict:
     extra = {k: v for k, v in config.items() if k not in used}
     values["config"] = canonical_config(extra)
     return values
+
+
+
+def default_attention(model_type: str, device: str, dtype: str, supports_sdpa: bool) -> tuple[str, str]:
+    """(attention, why): what a point that names no attention runs.
+
+    ``AutoModelForCausalLM.from_config`` without ``attn_implementation`` builds sdpa when the model's class
+    supports it and eager otherwise (transformers 5: ``get_correct_attn_implementation``), on any device.
+    One exception here: fp32 on CUDA, where torch's fused sdpa kernels do not all take fp32 with
+    grouped-query attention and its math fallback keeps the s² probabilities the estimate does not
+    model; there the default is eager, and the reason says so.
+    """
+    if device == "cuda" and dtype == "fp32":
+        return "eager", ("eager: transformers would pick sdpa, but in fp32 on CUDA torch may run its math kernel, "
+                         "which the estimate does not model (name attn to choose; sdpa needs dtype bf16 or fp16)")
+    if supports_sdpa:
+        return "sdpa", f"sdpa: transformers' default for {model_type} (the suite names no attention)"
+    return "eager", f"eager: transformers' default for {model_type}, whose class has no sdpa path"
+
+
+@dataclass(frozen=True)
+class ModelClass:
+    """What transformers says about a model type's causal-LM class."""
+
+    known: bool  # AutoModelForCausalLM can build it
+    supports_sdpa: bool  # the class declares sdpa support (what from_config then picks by default)
+
+
+def model_class(model_type: str) -> ModelClass:
+    """Asked of transformers in a child interpreter: the classes' modules import torch, and a sweep's parent
+    never does.  The analytic families are answered here (their classes are imported by every worker and
+    checked by tests/unit/test_suite.py)."""
+    if model_type in SDPA_FAMILIES:
+        return ModelClass(known=True, supports_sdpa=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ckptbench.configs", "model-class", model_type],
+                              capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"could not ask transformers about model_type {model_type!r}: {exc}") from None
+    try:
+        return ModelClass(**json.loads(proc.stdout))
+    except (json.JSONDecodeError, TypeError):
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"could not ask transformers about model_type {model_type!r}: {last}") from None
+
+
+def model_class_here(model_type: str) -> ModelClass:
+    """The child's answer, from transformers' own mapping and the class's ``_supports_sdpa``."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if name is None:
+        return ModelClass(known=False, supports_sdpa=False)
+    return ModelClass(known=True, supports_sdpa=bool(getattr(getattr(transformers, name), "_supports_sdpa", False)))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["model-class"]:
+    print(json.dumps(asdict(model_class_here(sys.argv[2]))))

@@ -270,4 +270,5 @@ class Suite:
     budgets_gib: tuple[float, ...] = ()
     repeats: int = 1  # each Case runs this many times, in fresh workers, interleaved across Cases
     text: str = ""
+    attn_note: str = ""  # when the suite names no attention: the one transformers' default gives, and why
     slurm: dict = field(default_factory=dict)  # the [slurm] table: how --launcher slurm asks for each job

@@ -22,7 +22,7 @@ from dataclasses import asdict, fields, replace
 
 import tomllib
 
-from .configs import ConfigError, hub_config, read_config_file, spec_values
+from .configs import ConfigError, default_attention, hub_config, model_class, read_config_file, spec_values
 from .corpus import CorpusError, check_available
 from .spec import (
     ATTENTIONS,
@@ -30,7 +30,6 @@ from .spec import (
     DATA_SOURCES,
     DEVICES,
     DTYPES,
-    FAMILIES,
     PRESETS,
     SYNC_IMPLS,
     Case,
@@ -170,7 +169,8 @@ def _near(suite_path: str, path: str) -> str:
     return beside if os.path.exists(beside) else path
 
 
-def _model(ck: _Checker, table: dict) -> ModelSpec:
+def _model(ck: _Checker, table: dict, device: str) -> tuple[ModelSpec, str]:
+    """The model, and when the suite names no attention, which one transformers' default gives and why."""
     values = _source(ck, table)
     for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
         if key in table and not (key == "family" and "preset" not in table and "model_type" in table):
@@ -181,11 +181,19 @@ def _model(ck: _Checker, table: dict) -> ModelSpec:
         values["config"] = canonical_config({**json.loads(values.get("config") or "{}"), **table["extra"]})
     if "label" in table:
         values["name"] = table["label"]
-    if values["family"] not in FAMILIES and not _known_model_type(values["family"]):
+    try:
+        cls = model_class(values["family"])
+    except ConfigError as exc:
+        ck.fail("model.model_type" if "model_type" in table else "model.family", str(exc))
+    if not cls.known:
         ck.fail("model.model_type" if "model_type" in table else "model.family",
                 f"transformers knows no causal LM of model_type {values['family']!r}")
     if values.get("dtype", "fp32") not in DTYPES:
         ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)}")
+    attn_note = ""
+    if "attn" not in table:
+        values["attn"], attn_note = default_attention(values["family"], device, values.get("dtype", "fp32"),
+                                                      cls.supports_sdpa)
     if values.get("attn", "eager") not in ATTENTIONS:
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:
@@ -196,14 +204,7 @@ def _model(ck: _Checker, table: dict) -> ModelSpec:
         ck.fail("model.kv_heads", f"kv_heads={values['kv_heads']} does not divide heads={values['heads']}")
     if values["family"] == "gpt2" and not values.get("config") and values["kv_heads"] != values["heads"]:
         ck.fail("model.kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads")
-    return ModelSpec(**values)
-
-
-def _known_model_type(model_type: str) -> bool:
-    """Whether transformers has a causal LM for `model_type` (what AutoModelForCausalLM.from_config builds)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return ModelSpec(**values), attn_note
 
 
 def _train(ck: _Checker, table: dict) -> TrainSpec:
@@ -273,7 +274,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if key not in TABLES:
             ck.fail(key, f"unknown table; allowed: {', '.join(f'[{t}]' for t in TABLES)}")
     suite = ck.table(data, "suite")
-    model = _model(ck, ck.table(data, "model"))
+    model, attn_note = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"))
     train = _train(ck, ck.table(data, "train"))
     sweep = ck.table(data, "sweep")
     axes = {key: ck.axis(sweep, key) for key in AXES}
@@ -334,6 +335,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         budgets_gib=tuple(float(b) for b in budgets),
         repeats=int(suite.get("repeats", 1)),
         text=text,
+        attn_note=attn_note,
         slurm=_slurm(ck, ck.table(data, "slurm")),
     )
 

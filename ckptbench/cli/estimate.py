@@ -23,7 +23,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--every-n-layers", type=int, default=0, help="0 = off, 1 = every layer, n = every n-th")
     p.add_argument("--offload", action="store_true", help="checkpointed inputs go to host memory")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: the preset's")
-    p.add_argument("--attn", choices=ATTENTIONS, default=None, help="default: the preset's")
+    p.add_argument("--attn", choices=ATTENTIONS, default=None,
+                   help="default: what transformers builds without being told (sdpa where the model has it; "
+                        "eager in fp32 on CUDA)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda",
                    help="device whose kernels/optimizer are modelled (default cuda)")

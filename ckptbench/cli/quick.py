@@ -66,5 +66,6 @@ def add_arguments(p) -> None:
     g.add_argument("--every-n-layers", type=_ints, metavar="N,N,...", help="checkpointing settings (default 0)")
     g.add_argument("--offload", action="store_true", help="also every checkpointed setting with offload")
     g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
-    g.add_argument("--attn", choices=("eager", "sdpa"))
+    g.add_argument("--attn", choices=("eager", "sdpa"),
+                   help="default: transformers' default for the model (sdpa where it has it; eager in fp32 on CUDA)")
     g.add_argument("--device", choices=("cpu", "cuda"))

@@ -201,6 +201,8 @@ def cmd_sweep(args) -> int:
     from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
+    if suite.attn_note:
+        print(f"attention: {suite.attn_note}", file=sys.stderr)
     from ..env import unsupported_transformers
     from ..errors import UsageError
 

@@ -27,6 +27,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "layers": ("case.model.layers", "num"),
     "dtype": ("case.model.dtype", "str"),
     "attn": ("case.model.attn", "str"),
+    "attn_ran": ("measurement.attn_implementation", "str"),  # what transformers built the model with
     "batch": ("case.batch_size", "num"),
     "seq": ("case.seq_len", "num"),
     "every_n": ("case.every_n_layers", "num"),
@@ -115,6 +116,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
             out[short] = [bool(v) if not _missing(v) else False for v in col]
         else:
             out[short] = [None if _missing(v) else v for v in col]
+    out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
     out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")
                     for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
@@ -134,7 +136,7 @@ def _strategy_name(every_n, offload) -> str:
 
 def _variant(row) -> str:
     """Everything but batch, seq and strategy: points with equal variants are comparable."""
-    parts = [row.model, row.dtype or "?"]
+    parts = [row.model, row.dtype or "?", row.attn or "?"]
     if not _missing(row.world) and row.world > 1:
         parts.append(f"world {row.world:.0f}")
         parts.append("DDP" if not row.K else f"K={row.K:.0f}")

@@ -159,6 +159,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
            {"flops_convention": f"no FLOP formula for model_type {case.model.family!r}: counted FLOPs only"}),
         **({} if case.model.analytic else simulated_estimate(case)),
         "checkpointing_api": checkpointing_api,
+        "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
         "step_time_p90_s": stats.p90_s,

@@ -6,7 +6,17 @@ The one place a record meets the theory: :func:`annotate_record` is the sweep's 
 from __future__ import annotations
 
 from ..spec import Case
-from .checks import Check, Tolerances, check, comm_checks, gates, judge, same_layers, verdict
+from .checks import (
+    Check,
+    Tolerances,
+    attention_implementation_check,
+    check,
+    comm_checks,
+    gates,
+    judge,
+    same_layers,
+    verdict,
+)
 from .estimate import estimate_case
 from .meters import agreement, context_bytes, meter_checks
 
@@ -67,6 +77,8 @@ def annotate_record(case: Case, record: dict) -> None:
         record["estimate"] = {k: full[k] for k in ESTIMATE_KEYS if k in full}
         record["estimate_source"] = "analytic"
         checks = check(case, m, est_obj)
+    if case.world_size == 1:
+        checks = [*checks, attention_implementation_check(case, m)]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = gates(m)
     if case.world_size == 1:

@@ -134,6 +134,18 @@ def attention_kernel_check(case: Case, m: dict) -> Check:
                  "pass" if seen == expected else "fail", None)
 
 
+def attention_implementation_check(case: Case, m: dict) -> Check:
+    """The attention transformers built the model with (``config._attn_implementation``, as the worker saw
+    it) against the Case's, which the estimate and the FLOP formula assume: exact.  A suite that names no
+    attention gets transformers' default when it is parsed, so this also checks that default was read right."""
+    ran = m.get("attn_implementation")
+    if ran is None:  # records from before the worker recorded it
+        return Check("attn_implementation", None, case.model.attn, None, 0.0, "skip", None)
+    same = ran == case.model.attn
+    return Check("attn_implementation", ran, case.model.attn, 1.0 if same else 0.0, 0.0,
+                 "pass" if same else "fail", None)
+
+
 def same_layers(quantity: str, observed, expected) -> Check:
     """A list of layer indices seen at run time against the list the setting implies (exact)."""
     expected = sorted(expected)
