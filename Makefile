@@ -1,11 +1,12 @@
-# ckptbench: `make bench` runs the default suite and writes an HTML report; `make test` runs the tests.
+# ckptbench: `make bench` runs the default suite for this machine (suites/gpu-small.toml where torch sees
+# CUDA, else suites/cpu.toml; SUITE=... names one) and writes an HTML report; `make test` runs the tests.
 # Both create .venv and install what they need first.  On a CUDA machine pass a CUDA torch build:
 #   make bench TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130'
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-SUITE ?= suites/cpu.toml
-RUN ?= $(basename $(notdir $(SUITE)))-$(shell date +%Y%m%d-%H%M%S)
+SUITE ?=
+RUN ?= $(if $(SUITE),$(basename $(notdir $(SUITE)))-$(shell date +%Y%m%d-%H%M%S))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -24,7 +25,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
-	$(PY) -m ckptbench sweep --suite $(SUITE) --out results/$(RUN) --report reports/$(RUN).html
+	$(PY) -m ckptbench sweep $(if $(SUITE),--suite $(SUITE)) $(if $(RUN),--out results/$(RUN) --report reports/$(RUN).html)
 
 # Train-step benchmarks (pytest-benchmark, tests/benchmarks/); compare two with `python -m ckptbench compare`.
 perf: $(STAMP)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
+import sys
 from importlib import metadata
 
-PACKAGES = ("torch", "transformers", "accelerate", "numpy", "nvidia-ml-py")
+PACKAGES = ("ckptbench", "torch", "transformers", "accelerate", "numpy", "nvidia-ml-py")
 # The oldest transformers whose checkpointing API ckptbench calls: gradient_checkpointing_enable(
 # every_n_layers=, offload=) arrived in 5.16 (every_n_layers) and 5.17 (offload).
 MIN_TRANSFORMERS = "5.17"
@@ -63,8 +65,15 @@ def git_commit(cwd: str | None = None) -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
+def torchrun_path() -> str | None:
+    """torchrun next to this interpreter (a virtual environment's), else on PATH: what multi-rank points run."""
+    here = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return here if os.access(here, os.X_OK) else shutil.which("torchrun")
+
+
 def host_environment() -> dict:
-    """Versions, CPU and commit: the same for every record of one sweep, so gathered once."""
+    """Versions, CPU, commit, torchrun, and whether this transformers can run a sweep: what needs no torch,
+    the same for every record of one sweep, so gathered once."""
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -73,4 +82,6 @@ def host_environment() -> dict:
         "hostname": platform.node(),
         "git_commit": git_commit(os.path.dirname(os.path.abspath(__file__))),
         **{f"{k}_version": v for k, v in package_versions().items()},
+        "torchrun": torchrun_path(),
+        "transformers_problem": unsupported_transformers(),
     }

@@ -16,14 +16,13 @@ import itertools
 import json
 import math
 import os
-import shutil
-import sys
 from dataclasses import asdict, fields, replace
 
 import tomllib
 
 from .configs import ConfigError, default_attention, hub_config, model_class, read_config_file, spec_values
 from .corpus import CorpusError, check_available
+from .env import torchrun_path
 from .spec import (
     ATTENTIONS,
     BYTE_VOCAB,
@@ -249,9 +248,8 @@ def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
 
 
 def launcher_available() -> bool:
-    """torchrun next to this interpreter (or on PATH): needed for Cases with world_size > 1."""
-    here = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    return os.access(here, os.X_OK) or shutil.which("torchrun") is not None
+    """torchrun found (:func:`.env.torchrun_path`): needed for Cases with world_size > 1."""
+    return torchrun_path() is not None
 
 
 def _slurm(ck: _Checker, table: dict) -> dict:

@@ -39,28 +39,16 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
     export PYTHONPATH=$PWD
 fi
-"$PY" - <<'PYEOF'
-import sys
-import torch, transformers
-from transformers import PreTrainedModel
-print(f"python {sys.version.split()[0]}  torch {torch.__version__}  transformers {transformers.__version__}")
-api = "activation_checkpointing_enable" if hasattr(PreTrainedModel, "activation_checkpointing_enable") \
-    else "gradient_checkpointing_enable (fallback: this transformers has no activation_checkpointing_enable)"
-print(f"checkpointing API: {api}")
-try:
-    import pynvml
-    pynvml.nvmlInit(); print(f"NVML: driver {pynvml.nvmlSystemGetDriverVersion()}"); pynvml.nvmlShutdown()
-except Exception as exc:
-    print(f"NVML: not available ({type(exc).__name__}): energy and device-level memory will be None")
-import os
-if not torch.cuda.is_available():
-    if os.environ.get("ALLOW_CPU") == "1":
-        print("no CUDA device: ALLOW_CPU=1, going on (tests of this script with a CPU suite)")
-        sys.exit(0)
-    print("error: no CUDA device here; gpu-check needs one"); sys.exit(3)
-print(f"device: {torch.cuda.get_device_name(0)}")
-PYEOF
-[ $? -eq 0 ] || return 3
+# versions, the torch build, devices, NVML, pinned memory, checkpointing API: `ckptbench env`, which exits 3
+# when a GPU suite cannot run here
+if ! "$PY" -m ckptbench env --gpu; then
+    if [ "${ALLOW_CPU:-}" = 1 ]; then
+        echo "no usable CUDA device: ALLOW_CPU=1, going on (tests of this script with a CPU suite)"
+    else
+        echo "error: no usable CUDA device here (above); gpu-check needs one"
+        return 3
+    fi
+fi
 
 step "calibrate: pinned host<->device bandwidth, bf16 matmul peak"
 timeout 60 "$PY" -m ckptbench calibrate "$RUN" || echo "warning: calibration failed; offload bounds and MFU* will be empty"

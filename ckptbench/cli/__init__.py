@@ -1,4 +1,4 @@
-"""Command line: ``ckptbench sweep | status | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary``.
+"""Command line: ``ckptbench sweep | status | env | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary``.
 
 Each command lives in its own module here (:mod:`.sweep`, :mod:`.report`, :mod:`.estimate`, :mod:`.gpu`)
 and registers its parser; this module only dispatches.
@@ -22,9 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import estimate, gpu, models, plan, report, status, sweep
+    from . import environment, estimate, gpu, models, plan, report, status, sweep
 
     sweep.add_parser(sub)
+    environment.add_parser(sub)
     models.add_parser(sub)
     plan.add_parser(sub)
     report.add_parsers(sub)

@@ -183,8 +183,8 @@ def _suite(args):
     from ..errors import UsageError
     from ..suite import parse_suite
 
-    if bool(args.suite) == bool(args.model):
-        raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...)")
+    if args.suite and args.model:
+        raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...), not both")
     if args.suite:
         return load_suite(args.suite)
     from .quick import suite_text
@@ -194,6 +194,10 @@ def _suite(args):
 
 
 def cmd_sweep(args) -> int:
+    if not args.suite and not args.model:  # the default suite for this machine: what `make bench` runs
+        from .default_suite import default_sweep
+
+        return default_sweep(args, cmd_sweep, args.flag_defaults)
     from rich.console import Console
 
     from ..run.calibration import machine_rates
@@ -307,7 +311,8 @@ def cmd_sweep(args) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a suite: one isolated worker per point, records appended as they end")
-    p.add_argument("--suite", help="suite file (suites/*.toml); or describe one with --model and the quick flags")
+    p.add_argument("--suite", help="suite file (suites/*.toml); or describe one with --model and the quick flags; "
+                                   "neither: the default suite for this machine (GPU or CPU)")
     p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
     p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
     p.add_argument("--dry-run", action="store_true", help="count the Cases per strategy and exit without running")
@@ -335,3 +340,4 @@ def add_parser(sub) -> None:
     nodes_flags.add_arguments(p)
     distribute.add_arguments(p)
     p.set_defaults(func=cmd_sweep)
+    p.set_defaults(flag_defaults=vars(p.parse_args([])))  # "not given", for the flags the default suite refuses

@@ -99,6 +99,48 @@ class NvmlDevice:
         _shutdown(self._nvml)
 
 
+WHY_NOT = {"NVMLError_LibraryNotFound": "no NVIDIA driver library (libnvidia-ml.so) on this machine",
+           "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded"}
+
+
+def nvml_inventory() -> dict:
+    """What NVML says about this machine without touching CUDA: the driver, the CUDA version it supports,
+    and every GPU with its memory; or why NVML could not be asked (the sweep's parent and ``ckptbench env``
+    ask this, so it must not import torch).
+
+    ``nvml`` is ``"driver X"`` or ``"not available (why)"``; ``nvml_devices`` lists ``"name (N GiB)"``.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return {"nvml": "not available (the nvidia-ml-py package is not installed)", "driver": None,
+                "driver_cuda": None, "nvml_devices": []}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound: no NVIDIA driver on this machine
+        why = WHY_NOT.get(type(exc).__name__, str(exc))
+        return {"nvml": f"not available ({type(exc).__name__}: {why})", "driver": None, "driver_cuda": None,
+                "nvml_devices": []}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+            devices.append(f"{name} ({pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30:.1f} GiB)")
+        try:
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12080 for 12.8
+            driver_cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        except Exception:
+            driver_cuda = None
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        return {"nvml": f"driver {driver}", "driver": driver, "driver_cuda": driver_cuda, "nvml_devices": devices}
+    except Exception as exc:
+        return {"nvml": f"not available ({type(exc).__name__}: {exc})", "driver": None, "driver_cuda": None,
+                "nvml_devices": []}
+    finally:
+        _shutdown(pynvml)
+
+
 def nvml_used_bytes(index: int) -> int | None:
     """Device-level used memory from NVML, or None when NVML is absent or fails (never raises)."""
     return _ask(index, NvmlDevice.used_bytes)
@@ -123,6 +165,11 @@ def _ask(index: int, query) -> int | None:
         return query(dev)
     finally:
         dev.close()
+
+
+def _text(value) -> str:
+    """Older pynvml releases return bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _shutdown(pynvml) -> None:

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..env import host_environment
 from ..errors import UsageError
 from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.records import RecordStore
+from .environment import host_part, machine_environment
 from .fits import too_big
 from .forkserver import IsolatedRunner
 from .nodes import Nodes
@@ -147,7 +147,7 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
         "stderr_tail": result.get("stderr_tail", ""),
         "wall_s": result.get("wall_s"),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "env": {**host_env, **result.get("device_env", {}), **_load_now(result)},
+        "env": {**machine_environment(host_env, result.get("device_env", {})), **_load_now(result)},
     }
     if result.get("host_memory"):
         record["host_memory"] = result["host_memory"]  # what the sweep saw of a worker that was stopped or killed
@@ -205,7 +205,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     if on_start is not None:
         on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
-    host_env = host_environment()
+    host_env = host_part()  # the worker adds the torch half: together, what `ckptbench env --json` prints
     device_bytes = functools.cache(lambda: nvml_total_bytes(0))  # asked once, and only for a CUDA point
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None

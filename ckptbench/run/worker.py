@@ -19,7 +19,6 @@ import torch
 
 from ..measure.flops import FlopCounter
 from ..measure.memory import probe_for
-from ..measure.nvml import NvmlDevice
 from ..measure.saved import LayerProbe, SavedTensorCounter
 from ..measure.steps import step_probe_for
 from ..measure.storage import StorageSerials
@@ -33,6 +32,7 @@ from ..train.checkpointing import (
     offload_without_pinning,
     pinned_memory_error,
 )
+from ..train.environment import torch_environment
 from ..train.models import build_model, synthetic_batch
 from ..train.step import forward_loss, train_step
 from .faults import Fault
@@ -200,16 +200,9 @@ def _device_name(device: torch.device) -> str | None:
 
 
 def device_environment(device_type: str) -> dict:
-    """What only the worker can see cheaply: torch's view of the device."""
-    env = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda}
-    if device_type == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env.update(device_name=props.name, device_memory_bytes=props.total_memory)
-        nvml = NvmlDevice.open(0)
-        env["driver"] = nvml.driver_version() if nvml else None
-        if nvml:
-            nvml.close()
-    return env
+    """The torch half of the record's ``env`` (the sweep adds the host half): what ``ckptbench env`` shows,
+    seen by the process that ran the point.  A CPU point leaves CUDA uninitialised."""
+    return torch_environment(touch_cuda=device_type == "cuda")
 
 
 def inject(fault: Fault) -> None:

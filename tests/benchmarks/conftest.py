@@ -22,6 +22,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     import torch
 
     from ckptbench.env import cpu_model, package_versions
+    from ckptbench.measure.nvml import nvml_inventory
     from ckptbench.run.worker import device_environment
 
     cuda = torch.cuda.is_available()
@@ -30,7 +31,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info.update(
         device="cuda" if cuda else "cpu",
         device_name=device_env.get("device_name") if cuda else cpu_model(),
-        driver=device_env.get("driver"),
+        driver=nvml_inventory()["driver"],
         cuda_runtime=device_env.get("cuda_runtime"),
         torch_version=versions.get("torch"),
         transformers_version=versions.get("transformers"),
