@@ -164,7 +164,7 @@ def cmd_plan(args) -> int:
     options = planner.plan(spec, args.seq, a, predict=predict)
     took = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({**planner.to_dict(options, a), "memory_source": predict.source,
+        print(json.dumps({**planner.to_dict(options, a, args.seq, spec.label), "memory_source": predict.source,
                           "planning_s": round(took, 2)}, indent=2))
     else:
         print(render(spec, args.seq, options, a))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import os
 import sys
@@ -154,6 +155,23 @@ def _memory_line(cases, cap: int | None) -> str:
             f"(--force runs them), e.g. {over[0].id}: {too_big(over[0], cap, host)}")
 
 
+def _plan_file(path: str | None) -> str | None:
+    """The text of a `plan --json` output given with --plan, checked before anything runs."""
+    if not path:
+        return None
+    from ..errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        plan = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--plan {path}: {exc}") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("options"), list) or not plan.get("seq_len"):
+        raise UsageError(f"--plan {path}: not a `ckptbench plan --json` output (no options or seq_len)")
+    return text
+
+
 def _with_projection(annotate, plan_state: dict):
     """Each record keeps the time projected for its point, so a finished sweep shows how close it came."""
     from ..theory.duration import point_seconds
@@ -249,6 +267,7 @@ def cmd_sweep(args) -> int:
     check_flags(args, cases)
     if args.launcher:
         return launch(args, suite, options, console)
+    plan_text = _plan_file(args.plan)
     plan_state: dict = {}
 
     def on_start(todo):  # the directory was accepted: say what will run and how long it should take
@@ -280,6 +299,10 @@ def cmd_sweep(args) -> int:
                           f"--out {out} --resume")
             return 130
         progress.update(task, completed=len(cases) * repeats)
+    if plan_text:  # the report sets each point the plan predicted beside its prediction
+        from ..store.files import write_text_atomic
+
+        write_text_atomic(os.path.join(out, "plan.json"), plan_text)
     if result.skipped_ids:
         console.print(f"resume: {len(result.skipped_ids)} cases already in {out} were skipped")
     console.print(_took(result.records, time.monotonic() - started))
@@ -332,6 +355,9 @@ def add_parser(sub) -> None:
                         "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
+    p.add_argument("--plan", metavar="JSON",
+                   help="a `ckptbench plan --json` output: kept with the results, so the report sets each point "
+                        "the plan predicted beside its prediction")
     from . import distribute
     from . import nodes as nodes_flags
     from .quick import add_arguments

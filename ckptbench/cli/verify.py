@@ -63,7 +63,7 @@ def verify(args, spec, options, a, predict) -> int:
     from ..store.files import write_text_atomic
     from ..theory.plan import to_dict
 
-    write_text_atomic(os.path.join(out, "plan.json"), json.dumps(to_dict(options, a), indent=2))
+    write_text_atomic(os.path.join(out, "plan.json"), json.dumps(to_dict(options, a, args.seq, spec.label), indent=2))
     print(f"\nverify ({out}): predicted vs measured on this machine")
     print(f"{'strategy':<16} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} {'tok/s meas':>10}")
     ratios = []

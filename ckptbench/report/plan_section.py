@@ -1,7 +1,7 @@
 """The report's "Plan" section: what ``ckptbench plan`` predicted for this run, beside what was measured.
 
-``plan --verify`` stores the plan as ``plan.json`` in the results directory it runs into; a report of that
-directory charts every strategy's largest batch and predicted tokens/s (the recommendation highlighted)
+``plan --verify`` stores the plan as ``plan.json`` in the results directory it runs into, and ``sweep --plan
+FILE`` copies a ``plan --json`` output there; a report of that directory charts every strategy's largest batch and predicted tokens/s (the recommendation highlighted)
 and sets each measured point beside the planner's prediction for it.
 """
 
@@ -46,15 +46,30 @@ def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
                   f"Fastest first; the recommendation is red. {plan['recommendation']}")
 
 
-def predicted_vs_measured(records: list[dict]) -> list[dict]:
-    """Each measured point the plan made a prediction for."""
+def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list[dict]:
+    """Each measured point the plan made a prediction for.
+
+    ``plan --verify`` keeps its prediction in each record (``plan_prediction``).  An ordinary sweep run
+    with ``--plan FILE`` (a ``plan --json`` output) keeps the plan beside its records: the plan predicted
+    each strategy at its largest batch and the asked sequence length, so a record at that strategy, batch
+    and length is set beside it; other points had no prediction and are not shown.
+    """
+    by_point = {}
+    if plan:
+        seq = plan.get("seq_len")
+        for o in plan.get("options", []):
+            if o.get("max_batch"):
+                by_point[(o["every_n_layers"], bool(o["offload"]), o["max_batch"], seq)] = o
     rows = []
     for r in records:
+        c, m = r.get("case") or {}, r.get("measurement") or {}
         p = r.get("plan_prediction")
-        m = r.get("measurement") or {}
+        if not p:
+            o = by_point.get((c.get("every_n_layers"), bool(c.get("offload")), c.get("batch_size"), c.get("seq_len")))
+            p = o and {"peak_bytes": o.get("peak_bytes"), "tokens_per_s": o.get("tokens_per_s")}
         if not p or r.get("status") != "ok":
             continue
-        rows.append({"point": f"{r['strategy']} b={r['case']['batch_size']}",
+        rows.append({"point": f"{r['strategy']} b={c['batch_size']}",
                      "peak_pred": p.get("peak_bytes"), "peak_meas": m.get("peak_bytes"),
                      "tps_pred": p.get("tokens_per_s"), "tps_meas": m.get("tokens_per_s")})
     return rows

@@ -147,7 +147,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     d["plan"] = _guard(ctx, "plan", lambda: plan_section.load_plan(run_dir))
     if d["plan"]:
         d["plan_fig"] = _guard(ctx, "plan", lambda: plan_section.plan_figure(d["plan"]))
-        d["plan_rows"] = _guard(ctx, "plan", lambda: plan_section.predicted_vs_measured(loaded.records), [])
+        d["plan_rows"] = _guard(ctx, "plan", lambda: plan_section.predicted_vs_measured(loaded.records, d["plan"]), [])
     if baseline_dir is not None:
         d["baseline_dir"] = baseline_dir
         d["baseline"] = _guard(ctx, "baseline", lambda: _baseline(ctx, t, baseline_dir))

@@ -107,7 +107,7 @@ class LayerFit:
 
     s_degree: int
     coefficients: dict = field(default_factory=dict)  # key -> np.ndarray
-    spans: dict = field(default_factory=dict)  # key -> orthonormal basis of the fitted feature rows
+    spans: dict = field(default_factory=dict)  # key -> (column scale, orthonormal basis of the fitted rows)
     simulations: int = 0
     equations: int = 0
 
@@ -117,8 +117,9 @@ class LayerFit:
             return None
         # the fitted rows determine the prediction only for a row in their span; elsewhere the answer
         # would depend on which of many equally good solutions lstsq picked
-        basis = self.spans[key]
-        if np.linalg.norm(row - (row @ basis.T) @ basis) > 1e-9 * max(1.0, np.linalg.norm(row)):
+        scale, basis = self.spans[key]
+        scaled = row / scale
+        if np.linalg.norm(scaled - (scaled @ basis.T) @ basis) > 1e-7 * np.linalg.norm(scaled):
             raise NotAffine(f"the few-layer simulations do not determine moment {key} here "
                             f"(features {row.tolist()} outside what was simulated)")
         return int(np.rint(row @ coef).max())
@@ -161,8 +162,7 @@ def _solve(key: str, entries: list[tuple[np.ndarray, list[int], str]], out: Laye
     out.coefficients[key] = coef
     out.equations += y.size
     _, sv, vt = np.linalg.svd(a / scale, full_matrices=False)
-    basis = vt[sv > sv.max() * 1e-10] * scale  # rows spanning the fitted space, in unscaled units
-    out.spans[key] = np.linalg.qr(basis.T)[0].T
+    out.spans[key] = (scale, vt[sv > sv.max() * 1e-10])  # orthonormal rows spanning the fitted (scaled) rows
 
 
 def fit(observations: list[Observation], s_degree: int) -> LayerFit:

@@ -181,8 +181,8 @@ def recommendation(options: list[Option]) -> str:
     return line
 
 
-def to_dict(options: list[Option], a: Assumptions) -> dict:
-    return {"assumptions": asdict(a), "options": [asdict(o) for o in options],
+def to_dict(options: list[Option], a: Assumptions, seq: int | None = None, model: str | None = None) -> dict:
+    return {"model": model, "seq_len": seq, "assumptions": asdict(a), "options": [asdict(o) for o in options],
             "recommendation": recommendation(options)}
 
 

@@ -101,3 +101,45 @@ def test_verify_runs_the_recommendation_and_its_neighbours_and_calibrates(tmp_pa
     section = page[page.index('<section id="plan">'):]
     section = section[:section.index("</section>")]
     assert section.count("<tr><td>") == len(records)  # one row per measured point
+
+
+def test_an_ordinary_sweep_given_the_plan_sets_each_predicted_point_beside_its_prediction(tmp_path, write_suite):
+    from ckptbench.report.plan_section import predicted_vs_measured
+
+    planned = subprocess.run([sys.executable, "-m", "ckptbench", "plan", "--model", "llama-small", "--device", "cpu",
+                              "--memory", f"{BUDGET_GIB}GiB", "--seq", str(SEQ), "--attn", "eager", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(planned.stdout)
+    best = {o["every_n_layers"]: o["max_batch"] for o in json.loads(planned.stdout)["options"] if not o["offload"]}
+    suite = write_suite(f"""
+[suite]
+name = "planned"
+[model]
+preset = "llama-small"
+attn = "eager"
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+[sweep]
+batch_size = [{best[0]}, {best[0] + 1}]
+seq_len = [{SEQ}]
+every_n_layers = [0]
+""")
+    out = tmp_path / "run"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"options": "no"}')
+    refused = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", suite, "--out", str(out),
+                              "--plan", str(bad)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not a `ckptbench plan --json` output" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (out / "records.jsonl").exists()
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", suite, "--out", str(out),
+                           "--plan", str(plan_file)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(str(out)).records
+    rows = predicted_vs_measured(records, json.loads((out / "plan.json").read_text()))
+    # the plan predicted the largest batch only; the batch above it had no prediction
+    assert [row["point"] for row in rows] == [f"none b={best[0]}"]
+    assert rows[0]["peak_pred"] == rows[0]["peak_meas"]  # the analytic estimate is exact on CPU
