@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -102,7 +103,12 @@ def assumptions(args):
     spec = _model(args)
     cal = _calibration(args.calibration)
     sources = {"efficiency": "default"}
-    a = {"efficiency": planner.EFFICIENCY}
+    a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
+         "network": args.network}
+    if args.world > 1:
+        sync = f"local SGD every {args.local_sgd_steps} steps" if args.local_sgd_steps else "DDP every step"
+        sources["network"] = (f"{args.world} ranks, {sync}: ring all-reduce on {args.network} "
+                              "(alpha-beta projection, added to compute)")
     if cal.get("training_efficiency"):
         a["efficiency"] = cal["training_efficiency"]
         sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
@@ -135,8 +141,9 @@ def render(spec, seq: int, options, a) -> str:
     from ..theory.plan import recommendation
 
     gib = 2**30
+    ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""
     lines = [f"{spec.label} ({spec.family}, {spec.layers} layers, {spec.dtype} {spec.attn}) at seq {seq}, "
-             f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}",
+             f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
              f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
     shown = options[:SHOWN]
     for o in shown:
@@ -171,6 +178,13 @@ def cmd_plan(args) -> int:
         print(f"memory and FLOPs: {predict.source}; planned in {took:.1f} s")
         for why in sorted(set(getattr(predict, "max_seq_unknown", lambda: [])())):
             print(f"max seq @b1 not predicted: {why}")
+    if args.html:
+        from ..report.plan_section import plan_page
+        from ..store.files import write_text_atomic
+
+        write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, spec.label),
+                                                "memory_source": predict.source}))
+        print(f"plan page: {args.html}", file=sys.stderr)
     if args.verify:
         from .verify import verify
 
@@ -194,6 +208,17 @@ def add_parser(sub) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="plan from the few-layer FakeTensor simulation even where an analytic estimate exists "
                         "(models without one always are)")
+    p.add_argument("--world", type=int, default=1, metavar="N",
+                   help="data-parallel ranks: each holds the whole model and DDP's gradient buckets; tokens/s "
+                        "is that of all ranks, with the gradient (or, with --local-sgd-steps, parameter) "
+                        "all-reduce projected on --network")
+    p.add_argument("--local-sgd-steps", type=int, default=0, metavar="K",
+                   help="with --world: average parameters every K steps instead of gradients every step")
+    from ..theory.network import LINKS
+
+    p.add_argument("--network", default="NVLink", choices=[k.name for k in LINKS],
+                   help="the link between ranks for --world (default NVLink)")
+    p.add_argument("--html", metavar="FILE", help="also write the plan as a self-contained HTML page")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",
                    help="run the recommendation and its neighbours here, print predicted vs measured, and "

@@ -73,3 +73,33 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
                      "peak_pred": p.get("peak_bytes"), "peak_meas": m.get("peak_bytes"),
                      "tps_pred": p.get("tokens_per_s"), "tps_meas": m.get("tokens_per_s")})
     return rows
+
+
+def plan_page(plan: dict) -> str:
+    """A plan on its own, as one self-contained HTML page: the chart, every strategy, the assumptions."""
+    from html import escape
+
+    fig = plan_figure(plan)
+    gib = 2**30
+    def cell(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    rows = "".join(
+        f"<tr{' class=best' if k == 0 and o['max_batch'] else ''}><td>{escape(o['strategy'])}</td>"
+        f"<td>{o['max_batch']}</td><td>{cell(o['max_seq'], 'd')}</td>"
+        f"<td>{cell(None if o['peak_bytes'] is None else o['peak_bytes'] / gib, '.2f')}</td>"
+        f"<td>{cell(o['step_s'], '.3f')}</td><td>{cell(o['tokens_per_s'], ',.0f')}</td></tr>"
+        for k, o in enumerate(plan["options"]))
+    sources = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>"
+                      for k, v in (plan["assumptions"].get("sources") or {}).items())
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>Plan: {escape(str(plan.get('model')))}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
+            "td:first-child{text-align:left}.best{background:#fde0dc;font-weight:bold}</style></head><body>"
+            f"<h1>Plan: {escape(str(plan.get('model')))} at seq {plan.get('seq_len')}</h1>"
+            f"<p><strong>Recommended:</strong> {escape(plan['recommendation'])}</p>"
+            + (f"<img alt='{escape(fig.alt)}' src='{fig.uri}'>" if fig else "")
+            + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
+            "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>"
+            f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p><ul>{sources}</ul>"
+            "<p>Predicted, not measured: <code>ckptbench plan --verify</code> or a sweep with "
+            "<code>--plan</code> measures it.</p></body></html>")

@@ -99,6 +99,7 @@ class Observation:
     moment_peaks: dict
     hardware_flops: int | None  # None where FLOPs were not counted
     moment_traces: dict = field(default_factory=dict)
+    params_bytes: int | None = None
 
 
 @dataclass
@@ -140,6 +141,11 @@ class LayerFit:
         name = max(moments, key=moments.get)
         return moments[name], name
 
+    def params(self, layers: int) -> int:
+        # constant in batch and length: any row of the fitted kind answers (batch 2, s-powers of 1)
+        key, row = _features("params", layers, frozenset(), 2, 1, self.s_degree)
+        return self._predict(key, row)
+
     def hardware_flops(self, layers: int, chosen, batch: int, seq: int) -> int:
         key, row = _features("flops", layers, frozenset(chosen), batch, seq, self.s_degree)
         return self._predict(key, row)
@@ -178,6 +184,8 @@ def fit(observations: list[Observation], s_degree: int) -> LayerFit:
         values = {**{m: [v] for m, v in ob.moment_peaks.items()}, **ob.moment_traces}
         if ob.hardware_flops is not None:
             values["flops"] = [ob.hardware_flops]
+        if ob.params_bytes is not None:
+            values["params"] = [ob.params_bytes]
         for name, trace in values.items():
             key, row = _features(name, ob.layers, ob.chosen, ob.batch, ob.seq, s_degree)
             label = f"{name} of {ob.layers} layers, checkpointed {sorted(ob.chosen)}, b={ob.batch} s={ob.seq}"
@@ -221,7 +229,7 @@ def run_job(job: Job, simulate: Callable | None = None) -> Observation:
     flops = r.counted_flops
     hardware = flops["forward"] + flops["backward"] + flops["recompute"] if flops else None
     return Observation(job.spec.layers, frozenset(job.chosen), job.batch, job.seq, dict(r.moment_peaks),
-                       hardware, dict(r.moment_traces))
+                       hardware, dict(r.moment_traces), r.params_bytes)
 
 
 @dataclass
@@ -325,6 +333,10 @@ class Simulated:
 
     def peak(self, case) -> int:
         return self._fit(case).peak(case.model.layers, self._chosen(case), case.batch_size, case.seq_len)[0]
+
+    def params_bytes(self, case) -> int:
+        """Parameter bytes of the full-depth model (fitted on the depth like every other figure)."""
+        return self.ex.batched[False].params(case.model.layers)
 
     def offloaded(self, case) -> int:
         """Checkpointed inputs, b × s × h × bytes each: exact for any model."""

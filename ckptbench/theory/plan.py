@@ -21,6 +21,7 @@ from ..spec import Case, TrainSpec, checkpointed_layers, checkpointing_name
 from .estimate import estimate_case
 from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
+from .network import LINKS, allreduce_s
 from .offload import offload_bound_s
 
 CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
@@ -45,6 +46,11 @@ class Assumptions:
     peak_flops_per_s: float | None = None
     link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
     sources: dict = field(default_factory=dict)  # figure -> "default" | "calibration FILE" | "datasheet"
+    # data parallel over `world` ranks (each holds the whole model, plus DDP's gradient buckets), averaging
+    # every step (local_sgd_steps 0: DDP) or every K steps, over the named network link
+    world: int = 1
+    local_sgd_steps: int = 0
+    network: str = "NVLink"
 
     def needed(self, peak: int) -> int:
         """Device memory a step with this estimated peak needs."""
@@ -87,6 +93,9 @@ class Analytic:
     def offloaded(self, case: Case) -> int:
         return estimate_case(case).offloaded_bytes
 
+    def params_bytes(self, case: Case) -> int:
+        return estimate_case(case).params_bytes
+
     def flops(self, case: Case) -> tuple[float, float]:
         """(hardware FLOPs of the step, the same without checkpointing)."""
         tokens = case.batch_size * case.seq_len * case.grad_accum
@@ -97,7 +106,19 @@ class Analytic:
 
 def _fits(case: Case, a: Assumptions, predict) -> tuple[bool, int]:
     peak = predict.peak(case)
+    if a.world > 1:  # DDP keeps a bucket per gradient byte (gradient_as_bucket_view off, its default)
+        peak += predict.params_bytes(case)
     return a.needed(peak) <= a.memory_bytes, peak
+
+
+def comm_seconds(case: Case, a: Assumptions, predict) -> float:
+    """Ring all-reduce time per optimizer step on the named link: the gradients every step (DDP) or the
+    parameters every K steps (local SGD), added to compute (a projection, not overlapped)."""
+    if a.world < 2:
+        return 0.0
+    link = next(k for k in LINKS if k.name == a.network)
+    seconds = allreduce_s(predict.params_bytes(case), a.world, link)
+    return seconds / a.local_sgd_steps if a.local_sgd_steps else seconds
 
 
 def _largest(make, a: Assumptions, hi: int, predict) -> int:
@@ -123,7 +144,7 @@ def step_seconds(case: Case, a: Assumptions, predict=None) -> tuple[float | None
     if not a.peak_flops_per_s:
         return None, 0.0
     total, plain = predict.flops(case)
-    seconds = total / (a.peak_flops_per_s * a.efficiency)
+    seconds = total / (a.peak_flops_per_s * a.efficiency) + comm_seconds(case, a, predict)
     if case.offload:
         offloaded = predict.offloaded(case)
         seconds += offload_bound_s(offloaded, a.link_bytes_per_s, a.link_bytes_per_s, case.grad_accum) or 0.0
@@ -155,7 +176,7 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
             best = case(max_batch, seq, n, off)
             opt.peak_bytes = _fits(best, a, predict)[1]
             opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict)
-            opt.tokens_per_s = max_batch * seq / opt.step_s if opt.step_s else None
+            opt.tokens_per_s = a.world * max_batch * seq / opt.step_s if opt.step_s else None
         options.append(opt)
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))
 

@@ -1,0 +1,52 @@
+"""Planning data parallel: what each rank holds more (DDP's buckets), what the link costs, what all ranks do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory.estimate import estimate_case
+from ckptbench.theory.network import LINKS, allreduce_s
+from ckptbench.theory.plan import Analytic, Assumptions, comm_seconds, plan
+
+SPEC = preset("llama-8b", dtype="bf16", attn="sdpa")
+H200 = dict(memory_bytes=141 * 10**9, device="cuda", device_name="H200", peak_flops_per_s=989e12,
+            reserved_margin=0.1, context_bytes=600 * 2**20)
+
+
+def _case(batch: int, n: int = 1) -> Case:
+    return Case(model=SPEC, train=TrainSpec(), batch_size=batch, seq_len=8192, every_n_layers=n, device="cuda")
+
+
+def test_each_rank_holds_a_gradient_sized_bucket_more_and_tokens_are_those_of_all_ranks():
+    one = {o.strategy: o for o in plan(SPEC, 8192, Assumptions(**H200))}
+    eight = {o.strategy: o for o in plan(SPEC, 8192, Assumptions(**H200, world=8, network="NVLink"))}
+    params = estimate_case(_case(1)).params_bytes
+    full = eight["full"]
+    assert full.peak_bytes == estimate_case(_case(full.max_batch)).peak_bytes + params
+    assert all(eight[k].max_batch <= one[k].max_batch for k in one)
+    assert full.tokens_per_s == 8 * full.max_batch * 8192 / full.step_s
+
+
+def test_the_link_costs_a_ring_all_reduce_of_the_gradients_every_step_or_the_parameters_every_k():
+    link = next(k for k in LINKS if k.name == "1 GbE")
+    params = estimate_case(_case(1)).params_bytes
+    ddp = comm_seconds(_case(1), Assumptions(**H200, world=4, network="1 GbE"), Analytic())
+    assert ddp == allreduce_s(params, 4, link) and ddp > 60  # 16 GB over 1 Gbit/s: minutes, not ms
+    local = comm_seconds(_case(1), Assumptions(**H200, world=4, network="1 GbE", local_sgd_steps=64), Analytic())
+    assert local == ddp / 64
+    assert comm_seconds(_case(1), Assumptions(**H200), Analytic()) == 0.0  # one rank sends nothing
+
+
+def test_plan_writes_a_self_contained_page(tmp_path):
+    page = tmp_path / "plan.html"
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "plan", "--model", "llama-8b", "--device", "h200",
+                           "--seq", "8192", "--dtype", "bf16", "--attn", "sdpa", "--html", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    html = page.read_text()
+    recommended = next(line for line in proc.stdout.splitlines() if line.startswith("recommended: "))
+    assert recommended.removeprefix("recommended: ").split(":")[0] in html
+    assert html.count("<tr") == 1 + 65 and "class=best" in html and "data:image/svg+xml;base64," in html
+    assert "http" not in html.replace("http-equiv", "")  # nothing fetched from elsewhere
