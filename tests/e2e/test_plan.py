@@ -22,6 +22,13 @@ BUDGET_GIB = 0.08
 SEQ = 128
 
 
+def _suite(name: str, batches: list[int], every_n: list[int], extra: str = "") -> str:
+    """llama-small (eager) at SEQ, one step of each kind: the planner's model, run for real."""
+    return (f'[suite]\nname = "{name}"\n{extra}\n[model]\npreset = "llama-small"\nattn = "eager"\n'
+            f"[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\n"
+            f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = {every_n}\n")
+
+
 def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite):
     spec = preset("llama-small")
     options = {(o.every_n_layers, o.offload): o.max_batch
@@ -29,22 +36,7 @@ def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path,
     checked = {n: options[(n, False)] for n in (0, 1, 2)}
     assert all(b >= 1 for b in checked.values()) and len(set(checked.values())) == 3  # three different answers
     batches = sorted({b + k for b in checked.values() for k in (0, 1)})
-    suite = load_suite(write_suite(f"""
-[suite]
-name = "plan-check"
-memory_budget_gib = {BUDGET_GIB}
-[model]
-preset = "llama-small"
-attn = "eager"
-[train]
-warmup_steps = 1
-memory_steps = 1
-steps = 1
-[sweep]
-batch_size = {batches}
-seq_len = [{SEQ}]
-every_n_layers = [0, 1, 2]
-"""))
+    suite = load_suite(write_suite(_suite("plan-check", batches, [0, 1, 2], f"memory_budget_gib = {BUDGET_GIB}")))
     run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
     status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]
               for r in load_records(str(tmp_path / "run")).records}
@@ -113,21 +105,7 @@ def test_an_ordinary_sweep_given_the_plan_sets_each_predicted_point_beside_its_p
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(planned.stdout)
     best = {o["every_n_layers"]: o["max_batch"] for o in json.loads(planned.stdout)["options"] if not o["offload"]}
-    suite = write_suite(f"""
-[suite]
-name = "planned"
-[model]
-preset = "llama-small"
-attn = "eager"
-[train]
-warmup_steps = 1
-memory_steps = 1
-steps = 1
-[sweep]
-batch_size = [{best[0]}, {best[0] + 1}]
-seq_len = [{SEQ}]
-every_n_layers = [0]
-""")
+    suite = write_suite(_suite("planned", [best[0], best[0] + 1], [0]))
     out = tmp_path / "run"
     bad = tmp_path / "bad.json"
     bad.write_text('{"options": "no"}')
