@@ -223,8 +223,6 @@ def cmd_sweep(args) -> int:
     from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
-    if suite.attn_note:
-        print(f"attention: {suite.attn_note}", file=sys.stderr)
     from ..env import unsupported_transformers
     from ..errors import UsageError
 
@@ -245,6 +243,8 @@ def cmd_sweep(args) -> int:
         print(f"{len(cases)} cases (of {len(suite.cases)} in {suite.path}); nothing was run"
               + ("" if args.list else "; --list prints each"))
         print(_projection(cases, machine_rates(cases))[1])
+        if suite.attn_note:
+            print(f"attention: {suite.attn_note}")
         print(_memory_line(cases, _cap(args)))
         return 0
     if len(cases) > MAX_POINTS and not args.yes:
@@ -275,6 +275,8 @@ def cmd_sweep(args) -> int:
             plan_state["projection"], line = _projection([case for case, _ in todo], rates())
             times = f" ({len({c.id for c, _ in todo})} points, up to {repeats} times each)" if repeats > 1 else ""
             console.print(f"{len(todo)} runs to do{times}; {line}")
+            if suite.attn_note:  # said once the directory is accepted: an error stays one line
+                console.print(f"attention: {suite.attn_note}")
     from ..theory.annotate import annotate_record
     from .progress import slot_lines
 
