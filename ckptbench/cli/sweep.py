@@ -244,7 +244,7 @@ def cmd_sweep(args) -> int:
               + ("" if args.list else "; --list prints each"))
         print(_projection(cases, machine_rates(cases))[1])
         if suite.attn_note:
-            print(f"attention: {suite.attn_note}")
+            print(f"attention: {suite.attn_note}", file=sys.stderr)  # stdout stays the plan's lines
         print(_memory_line(cases, _cap(args)))
         return 0
     if len(cases) > MAX_POINTS and not args.yes:
