@@ -82,6 +82,8 @@ step "pack worker logs"
 if [ -d "$RUN/work" ]; then
     tar -czf "$OUTDIR/logs.tar.gz" -C "$RUN" work && rm -rf "$RUN/work"
 fi
+# the finished sweep's shard locks and state are no results: the file budget above is for results
+rm -f "$RUN"/.sweep-*.json "$RUN"/.sweep-*.lock "$RUN"/.sweeps.lock
 
 step "summary and estimate checks"
 "$PY" -m ckptbench gpu-summary "$RUN" || echo "warning: summary failed"
