@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import pytest
 
@@ -45,7 +47,8 @@ def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path,
         assert status[(n, b + 1)] == "over_budget", (n, b + 1)
     # the predictor for models without an analytic estimate (few-layer simulation, extrapolated) draws
     # the same line: its largest batches are the ones that really fit
-    simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False))
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
+        simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map))
     by_simulation = {(o.every_n_layers, o.offload): o.max_batch
                      for o in plan(spec, SEQ, Assumptions(int(BUDGET_GIB * 2**30), "cpu"), TrainSpec(),
                                    predict=simulated)}
