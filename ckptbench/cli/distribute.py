@@ -12,59 +12,31 @@ import os
 import time
 from dataclasses import replace
 
+from . import argtypes
+
 LAUNCHERS = ("local", "slurm")
 SLURM_FLAGS = ("partition", "account", "qos", "time_min", "gpus_per_task", "cpus_per_task", "jobs")
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
-def _devices(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--devices takes device indices such as 0,1,2,3, got {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"device indices are >= 0, got {text!r}")
-    return values
-
-
-def _minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected minutes, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of minutes > 0, got {text!r}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("more than one point at a time")
-    g.add_argument("--parallel", type=_count, metavar="N",
+    g.add_argument("--parallel", type=argtypes.at_least_one, metavar="N",
                    help="CPU: run N points side by side, each pinned to its own `threads` cores")
-    g.add_argument("--devices", type=_devices, metavar="0,1,...",
+    g.add_argument("--devices", type=argtypes.devices, metavar="0,1,...",
                    help="CUDA: run one point per device (CUDA_VISIBLE_DEVICES); a multi-rank point takes "
                         "as many devices as its world size")
     g.add_argument("--launcher", choices=LAUNCHERS,
                    help="submit the shards as jobs through submitit: slurm (a job array) or local (processes "
                         "here); every job appends to --out")
-    g.add_argument("--jobs", type=_count, metavar="N", help="with --launcher: N shards, one job each "
+    g.add_argument("--jobs", type=argtypes.at_least_one, metavar="N", help="with --launcher: N shards, one job each "
                                                             "(default: [slurm] jobs, else 1)")
     g.add_argument("--partition", help="Slurm partition (default: [slurm] partition)")
     g.add_argument("--account", help="Slurm account")
     g.add_argument("--qos", help="Slurm quality of service")
-    g.add_argument("--time-limit", dest="time_min", type=_minutes, metavar="MIN",
+    g.add_argument("--time-limit", dest="time_min", type=argtypes.positive, metavar="MIN",
                    help="each job's time limit in minutes (slurm: required here or as [slurm] time_min)")
     g.add_argument("--gpus-per-task", type=int, metavar="G", help="GPUs each job asks for")
-    g.add_argument("--cpus-per-task", type=_count, metavar="C", help="CPU cores each job asks for")
+    g.add_argument("--cpus-per-task", type=argtypes.at_least_one, metavar="C", help="CPU cores each job asks for")
     g.add_argument("--wait", action="store_true", help="with --launcher slurm: wait for the jobs to end")
 
 

@@ -2,50 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import math
 import os
 import sys
 import time
 from collections import Counter
 
 from ..suite import load_suite
+from . import argtypes
 from .nodes import from_args as nodes_from
 
 # A sweep larger than this runs only when asked twice: a typo in an axis multiplies the plan.
 MAX_POINTS = 10_000
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard takes i/n (e.g. 1/2), got {text!r}") from None
-    if not 1 <= i <= n:
-        raise argparse.ArgumentTypeError(f"--shard i/n needs 1 <= i <= n, got {text!r}")
-    return i, n
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 def _fmt_mib(value) -> str:
@@ -343,16 +312,16 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="count the Cases per strategy and exit without running")
     p.add_argument("--list", action="store_true", help="with --dry-run: print every Case and its id")
     p.add_argument("--yes", action="store_true", help=f"run a sweep of more than {MAX_POINTS:,} points")
-    p.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
-    p.add_argument("--timeout", type=_positive, help="per-Case timeout in seconds (overrides the suite)")
-    p.add_argument("--max-minutes", type=_positive, metavar="M",
+    p.add_argument("--shard", type=argtypes.shard, default=(1, 1), metavar="I/N", help="run every N-th Case from I")
+    p.add_argument("--timeout", type=argtypes.positive, help="per-Case timeout in seconds (overrides the suite)")
+    p.add_argument("--max-minutes", type=argtypes.positive, metavar="M",
                    help="start no Case after M minutes; the rest are recorded as skipped (--resume runs them)")
-    p.add_argument("--memory-gib", type=_positive, metavar="G",
+    p.add_argument("--memory-gib", type=argtypes.positive, metavar="G",
                    help="the most memory a worker may hold (resident, torch included): a worker holding more is "
                         "stopped and recorded oom, a point estimated above it is not started")
     p.add_argument("--force", action="store_true",
                    help="start points whose estimated peak exceeds the memory available (recorded skipped otherwise)")
-    p.add_argument("--repeat", type=_at_least_one, metavar="N",
+    p.add_argument("--repeat", type=argtypes.at_least_one, metavar="N",
                    help="run each point N times in fresh workers, interleaved (A B C A B C ...); times are pooled "
                         "with a bootstrap interval (default: the suite's repeats, else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
