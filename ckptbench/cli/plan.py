@@ -176,7 +176,7 @@ def cmd_plan(args) -> int:
     else:
         print(render(spec, args.seq, options, a))
         print(f"memory and FLOPs: {predict.source}; planned in {took:.1f} s")
-        for why in sorted(set(getattr(predict, "max_seq_unknown", lambda: [])())):
+        for why in sorted(set(predict.max_seq_unknown())):
             print(f"max seq @b1 not predicted: {why}")
     if args.html:
         from ..report.plan_section import plan_page

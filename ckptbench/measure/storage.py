@@ -77,11 +77,10 @@ class LiveStorageTracker(TorchDispatchMode):
         # what it was doing when the peak was reached: the moment a prediction must name too
         self.phase = ""
         self.peak_phase = ""
-        # a finer name for the moment than `phase` (forward-layer-3, forward-head), the highest total
-        # seen in each and, when `trace` is set, the total after every allocation in each: the
-        # simulation reads these to extrapolate a few-layer model's step to many layers
+        # a finer name for the moment than `phase` (forward-layer-3, forward-head) and, when `trace` is
+        # set, the total after every allocation in each: the simulation reads these to extrapolate a
+        # few-layer model's step to many layers (off in measurements: nothing added per allocation)
         self.moment = ""
-        self.moment_peaks: dict[str, int] = {}
         self.trace = False
         self.moment_traces: dict[str, list[int]] = {}
         self.host = 0  # bytes moved off the device (see to_host): alive, but not in total
@@ -144,11 +143,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def _note_peak(self) -> None:
         self.resident_peak = max(self.resident_peak, self.total + self.host)
-        moment = self.moment or self.phase
-        if self.total > self.moment_peaks.get(moment, -1):
-            self.moment_peaks[moment] = self.total
         if self.trace:
-            self.moment_traces.setdefault(moment, []).append(self.total)
+            self.moment_traces.setdefault(self.moment or self.phase, []).append(self.total)
         if self.total > self.peak:
             self.peak = self.total
             self.peak_breakdown = dict(self.by_category)
@@ -156,7 +152,6 @@ class LiveStorageTracker(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.resident_peak = self.total + self.host
-        self.moment_peaks = {self.moment or self.phase: self.total}
         self.moment_traces = {self.moment or self.phase: [self.total]} if self.trace else {}
         self.peak = self.total
         self.peak_breakdown = dict(self.by_category)

@@ -96,9 +96,8 @@ class Observation:
     chosen: frozenset
     batch: int
     seq: int
-    moment_peaks: dict
+    moment_traces: dict  # moment -> device total after each allocation
     hardware_flops: int | None  # None where FLOPs were not counted
-    moment_traces: dict = field(default_factory=dict)
     params_bytes: int | None = None
 
 
@@ -109,8 +108,6 @@ class LayerFit:
     s_degree: int
     coefficients: dict = field(default_factory=dict)  # key -> np.ndarray
     spans: dict = field(default_factory=dict)  # key -> (column scale, orthonormal basis of the fitted rows)
-    simulations: int = 0
-    equations: int = 0
 
     def _predict(self, key: str, row: np.ndarray) -> int | None:
         coef = self.coefficients.get(key)
@@ -166,7 +163,6 @@ def _solve(key: str, entries: list[tuple[np.ndarray, list[int], str]], out: Laye
         raise NotAffine(f"{entries[row][2]}: fit gives {int(got[row, col]):,} bytes, simulated "
                         f"{int(y[row, col]):,} (key {key}, point {col}; the layers of this model do not add up)")
     out.coefficients[key] = coef
-    out.equations += y.size
     _, sv, vt = np.linalg.svd(a / scale, full_matrices=False)
     out.spans[key] = (scale, vt[sv > sv.max() * 1e-10])  # orthonormal rows spanning the fitted (scaled) rows
 
@@ -181,7 +177,7 @@ def fit(observations: list[Observation], s_degree: int) -> LayerFit:
     """
     rows: dict[str, list[tuple[np.ndarray, list[int], str]]] = {}
     for ob in observations:
-        values = {**{m: [v] for m, v in ob.moment_peaks.items()}, **ob.moment_traces}
+        values = dict(ob.moment_traces)
         if ob.hardware_flops is not None:
             values["flops"] = [ob.hardware_flops]
         if ob.params_bytes is not None:
@@ -190,7 +186,7 @@ def fit(observations: list[Observation], s_degree: int) -> LayerFit:
             key, row = _features(name, ob.layers, ob.chosen, ob.batch, ob.seq, s_degree)
             label = f"{name} of {ob.layers} layers, checkpointed {sorted(ob.chosen)}, b={ob.batch} s={ob.seq}"
             rows.setdefault(key, []).append((row, trace, label))
-    out = LayerFit(s_degree, simulations=len(observations))
+    out = LayerFit(s_degree)
     for key, entries in rows.items():
         if len({len(t) for _, t, _ in entries}) > 1:  # not one op sequence: fit the moment's maximum
             entries = [(r, [max(t)], label) for r, t, label in entries]
@@ -216,7 +212,7 @@ def jobs(spec: ModelSpec, batch: int, seq: int, offload: bool, device: str, coun
     """Every fitting pattern of the few-layer models at (batch, seq), and the check steps; offload runs
     only where layers are checkpointed (a plain step offloads nothing)."""
     chosen = [(layers, n, c) for layers in FIT_LAYERS for n, c in patterns(layers)]
-    chosen += [(CHECK_LAYERS, n, tuple(checkpointed_layers(CHECK_LAYERS, n)) if n else ()) for n in CHECK_EVERY]
+    chosen += [(CHECK_LAYERS, n, tuple(checkpointed_layers(CHECK_LAYERS, n))) for n in CHECK_EVERY]
     return [Job(replace(spec, layers=layers), n, c, batch, seq, offload, device, count_flops)
             for layers, n, c in chosen if n or not offload]
 
@@ -228,8 +224,8 @@ def run_job(job: Job, simulate: Callable | None = None) -> Observation:
                  count_flops=job.count_flops, trace=True)
     flops = r.counted_flops
     hardware = flops["forward"] + flops["backward"] + flops["recompute"] if flops else None
-    return Observation(job.spec.layers, frozenset(job.chosen), job.batch, job.seq, dict(r.moment_peaks),
-                       hardware, dict(r.moment_traces), r.params_bytes)
+    return Observation(job.spec.layers, frozenset(job.chosen), job.batch, job.seq, dict(r.moment_traces),
+                       hardware, r.params_bytes)
 
 
 @dataclass
@@ -247,8 +243,11 @@ class Extrapolation:
     batched: dict = field(default_factory=dict)  # offload -> LayerFit (b >= 2, at seq)
     single: dict = field(default_factory=dict)  # offload -> LayerFit (b = 1, across lengths or at seq)
     across: dict = field(default_factory=dict)  # offload -> "" or why batch 1 is fitted at seq only
-    simulations: int = 0
     observations: list = field(default_factory=list)  # every simulated few-layer step
+
+    @property
+    def simulations(self) -> int:
+        return len(self.observations)
 
     def fit_for(self, offload: bool, batch: int, seq: int) -> LayerFit:
         if batch >= 2:
@@ -290,7 +289,7 @@ def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True)
                  if not j.every_n_layers]
     run = functools.partial(run_job, simulate=simulate) if simulate else run_job
     done = dict(zip(todo, mapper(run, todo)))
-    ex.simulations, ex.observations = len(done), list(done.values())
+    ex.observations = list(done.values())
 
     def seen(b: int, s: int, off: bool) -> list[Observation]:
         return [o for j, o in done.items() if (j.batch, j.seq) == (b, s) and (j.offload == off or not j.every_n_layers)]
@@ -305,10 +304,6 @@ def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True)
                 ex.across[off] = f"memory at batch 1 is not quadratic in the sequence length: {exc}"
         ex.single[off] = fit(seen(1, seq, off), s_degree=0)
     return ex
-
-
-def chosen_layers(layers: int, every_n_layers: int) -> tuple[int, ...]:
-    return tuple(checkpointed_layers(layers, every_n_layers)) if every_n_layers else ()
 
 
 class Simulated:
@@ -328,11 +323,8 @@ class Simulated:
     def _fit(self, case) -> LayerFit:
         return self.ex.fit_for(case.offload and self.ex.device == "cuda", case.batch_size, case.seq_len)
 
-    def _chosen(self, case) -> tuple[int, ...]:
-        return chosen_layers(case.model.layers, case.every_n_layers)
-
     def peak(self, case) -> int:
-        return self._fit(case).peak(case.model.layers, self._chosen(case), case.batch_size, case.seq_len)[0]
+        return self._fit(case).peak(case.model.layers, case.checkpointed_layers, case.batch_size, case.seq_len)[0]
 
     def params_bytes(self, case) -> int:
         """Parameter bytes of the full-depth model (fitted on the depth like every other figure)."""
@@ -343,9 +335,9 @@ class Simulated:
         if not case.offload:
             return 0
         spec = case.model
-        return len(self._chosen(case)) * case.batch_size * case.seq_len * spec.hidden * spec.bytes_per_element
+        return len(case.checkpointed_layers) * case.batch_size * case.seq_len * spec.hidden * spec.bytes_per_element
 
     def flops(self, case) -> tuple[float, float]:
         fit, layers = self._fit(case), case.model.layers
-        return (float(fit.hardware_flops(layers, self._chosen(case), case.batch_size, case.seq_len)),
+        return (float(fit.hardware_flops(layers, case.checkpointed_layers, case.batch_size, case.seq_len)),
                 float(fit.hardware_flops(layers, (), case.batch_size, case.seq_len)))

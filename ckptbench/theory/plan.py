@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..spec import Case, TrainSpec, checkpointed_layers, checkpointing_name
+from ..spec import Case, TrainSpec, checkpointing_name
 from .estimate import estimate_case
-from .extrapolate import NotAffine
+from .extrapolate import NotAffine, patterns
 from .flops import hardware_flops_per_token, peak_flops
 from .network import LINKS, allreduce_s
 from .offload import offload_bound_s
@@ -72,20 +72,17 @@ class Option:
 
 def strategies(layers: int) -> list[tuple[int, bool]]:
     """(every_n_layers, offload) for each distinct set of checkpointed layers, with and without offload."""
-    out, seen = [(0, False)], set()
-    for n in range(1, layers + 1):
-        chosen = tuple(checkpointed_layers(layers, n))
-        if chosen in seen:
-            continue
-        seen.add(chosen)
-        out += [(n, False), (n, True)]
-    return out
+    return [(0, False)] + [(n, off) for n, _ in patterns(layers)[1:] for off in (False, True)]
 
 
 class Analytic:
     """Peaks and FLOPs from the analytic estimate of the model's family."""
 
     source = "analytic estimate"
+
+    def max_seq_unknown(self) -> list[str]:
+        """The estimate answers every length: never a reason."""
+        return []
 
     def peak(self, case: Case) -> int:
         return estimate_case(case).peak_bytes

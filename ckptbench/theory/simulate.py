@@ -75,11 +75,10 @@ class SimResult:
     host_bytes: int = 0
     wall_s: float = 0.0
     extra: dict = field(default_factory=dict)
-    # the highest device total in each moment (forward-layer-i, forward-head, backward-layer-i, ...):
-    # what :mod:`.extrapolate` fits to carry a few-layer step to the full depth
-    moment_peaks: dict = field(default_factory=dict)
     counted_flops: dict | None = None  # per phase, when asked: forward, backward, recompute
-    moment_traces: dict = field(default_factory=dict)  # moment -> total after each allocation, when asked
+    # moment (forward-layer-i, forward-head, backward-layer-i, ...) -> device total after each allocation,
+    # when asked: what :mod:`.extrapolate` fits to carry a few-layer step to the full depth
+    moment_traces: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,7 +203,6 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         recomputed_layers=ckpt_idx,
         host_bytes=offloaded if moves else 0,
         wall_s=time.perf_counter() - t0,
-        moment_peaks=dict(tr.moment_peaks),
         moment_traces=dict(tr.moment_traces),
         counted_flops=dict(flops.flops) if count_flops else None,
     )

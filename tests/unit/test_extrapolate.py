@@ -16,12 +16,11 @@ from multiprocessing import get_context
 import numpy as np
 import pytest
 
-from ckptbench.spec import preset
+from ckptbench.spec import checkpointed_layers, preset
 from ckptbench.theory.extrapolate import (
     NotAffine,
     Observation,
     Simulated,
-    chosen_layers,
     extrapolation,
     fit,
     seq_points,
@@ -68,11 +67,11 @@ def _hardware(r) -> int:
 ])
 def test_extrapolated_step_equals_the_full_simulation(llama_cuda, layers, n, offload, batch, seq):
     real = _full(LLAMA, layers, n, offload, batch, seq, "cuda")
-    peak, moment = llama_cuda.fit_for(offload, batch, seq).peak(layers, chosen_layers(layers, n), batch, seq)
+    peak, moment = llama_cuda.fit_for(offload, batch, seq).peak(layers, checkpointed_layers(layers, n), batch, seq)
     assert peak == real.peak_bytes
     assert moment.startswith(real.peak_phase) or real.peak_phase == moment.split("-layer-")[0]
     if seq == SEQ:
-        got = llama_cuda.fit_for(offload, batch, seq).hardware_flops(layers, chosen_layers(layers, n), batch, seq)
+        got = llama_cuda.fit_for(offload, batch, seq).hardware_flops(layers, checkpointed_layers(layers, n), batch, seq)
         assert got == _hardware(real)
 
 
@@ -80,8 +79,8 @@ def test_extrapolated_step_equals_the_full_simulation(llama_cuda, layers, n, off
 def test_a_model_without_an_analytic_estimate_extrapolates_exactly(qwen3_cpu, layers, n, batch):
     real = _full(QWEN3, layers, n, False, batch, SEQ, "cpu")
     predict = qwen3_cpu.fit_for(False, batch, SEQ)
-    assert predict.peak(layers, chosen_layers(layers, n), batch, SEQ)[0] == real.peak_bytes
-    assert predict.hardware_flops(layers, chosen_layers(layers, n), batch, SEQ) == _hardware(real)
+    assert predict.peak(layers, checkpointed_layers(layers, n), batch, SEQ)[0] == real.peak_bytes
+    assert predict.hardware_flops(layers, checkpointed_layers(layers, n), batch, SEQ) == _hardware(real)
 
 
 def test_the_planner_predictor_answers_full_depth_cases(qwen3_cpu):
@@ -105,7 +104,7 @@ def _synthetic(value) -> list[Observation]:
     steps += [(5, c) for c in ((), (0, 1, 2, 3, 4), (0,), (0, 2, 4), (0, 3))]
     for layers, chosen in steps:
         for b in (2, 3):
-            moments = {"optimizer": value(layers, chosen, b)}
+            moments = {"optimizer": [value(layers, chosen, b)]}
             out.append(Observation(layers, frozenset(chosen), b, SEQ, moments, None))
     return out
 
@@ -123,8 +122,7 @@ def test_real_steps_perturbed_by_a_term_the_layers_do_not_explain_are_refused(qw
 
     def perturbed(o: Observation) -> Observation:
         extra = o.layers ** 2  # bytes no sum of per-layer pieces gives
-        return dataclasses.replace(o, moment_peaks={k: v + extra for k, v in o.moment_peaks.items()},
-                                   moment_traces={k: [v + extra for v in t] for k, t in o.moment_traces.items()})
+        return dataclasses.replace(o, moment_traces={k: [v + extra for v in t] for k, t in o.moment_traces.items()})
 
     with pytest.raises(NotAffine, match="do not add up"):
         fit([perturbed(o) for o in batched], s_degree=0)
