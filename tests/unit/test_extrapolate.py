@@ -133,3 +133,11 @@ def test_sequence_points_stay_within_the_model_and_number_four():
     assert seq_points(2048, 2048) == [256, 512, 1024, 2048]
     assert len(seq_points(16, 16)) < 4  # too short to fit across lengths: batch 1 is fitted at 16 only
     assert np.all(np.diff(seq_points(3000, 8000)) > 0)
+
+
+def test_a_depth_no_fitted_step_determines_is_refused_not_guessed():
+    model = lambda L, c, b: 1000 + 77 * L + 5 * len(c) + b * 300  # noqa: E731
+    three_only = fit([o for o in _synthetic(model) if o.layers == 3], s_degree=0)
+    assert three_only.moments(3, (0, 2), 5, SEQ)["optimizer"] == model(3, (0, 2), 5)  # inside: answered
+    with pytest.raises(NotAffine, match="do not determine"):  # one depth cannot say how depth matters
+        three_only.moments(7, (0, 2, 4, 6), 5, SEQ)
