@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import submitit
 
 from ..spec import Suite
+from .outcome import write_outcome
 from .scheduler import Stopped, StopRequest
 from .sweep import SweepOptions, run_sweep
 
@@ -108,9 +109,22 @@ class ShardJob(submitit.helpers.Checkpointable):
         self.suite, self.options = suite, options
 
     def __call__(self) -> dict:
+        """Run the shard, and note how it ended beside submitit's files (what ``status`` reads).
+
+        A requeue exits (``SystemExit``) and notes nothing: the requeued job notes its own end.
+        """
+        env = submitit.JobEnvironment()
+        try:
+            summary = self._run(env.job_id)
+        except Exception as exc:
+            write_outcome(str(env.paths.folder), env.job_id, exc)
+            raise
+        write_outcome(str(env.paths.folder), env.job_id, None)
+        return summary
+
+    def _run(self, job: str) -> dict:
         from ..theory.annotate import annotate_record
 
-        job = submitit.JobEnvironment().job_id
         stop = StopRequest()
         warning = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
         submitits = signal.getsignal(warning)  # checkpoint and requeue: called once the sweep has stopped
