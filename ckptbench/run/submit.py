@@ -80,12 +80,13 @@ def slurm_parameters(settings: SlurmSettings, job_name: str) -> dict:
 
 
 def local_parameters(settings: SlurmSettings) -> dict:
-    """Keyword arguments for ``LocalExecutor.update_parameters``: the time limit, the GPUs a job sees."""
+    """Keyword arguments for ``LocalExecutor.update_parameters``: the time limit, the GPUs a job sees.
+
+    Never ``setup``: those lines are for a Slurm job's script on a node, and submitit's local executor
+    would run them in a shell here, on the machine of whoever ran the sweep."""
     params: dict = {"timeout_min": settings.time_min or LOCAL_TIME_MIN, "signal_delay_s": SIGNAL_DELAY_S}
     if settings.gpus_per_task:
         params["gpus_per_node"] = settings.gpus_per_task
-    if settings.setup:
-        params["setup"] = list(settings.setup)
     return params
 
 
