@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import asdict, fields, replace
 
 import tomllib
@@ -247,6 +248,20 @@ def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
     return DataSpec(**values)
 
 
+# [suite] name: the default --out is results/<name>-<time>, so a plain directory name inside results/
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def _name(ck: _Checker, suite: dict, path: str) -> str:
+    """The suite's name, or its file's when it gives none (a file name is no path: nothing to check)."""
+    if "name" not in suite:
+        return os.path.splitext(os.path.basename(path))[0]
+    if not NAME.fullmatch(suite["name"]):
+        ck.fail("suite.name", "must be 1 to 100 letters, digits, '.', '_' or '-', not starting with '.' "
+                f"(it names the results directory), got {suite['name']!r}")
+    return suite["name"]
+
+
 def launcher_available() -> bool:
     """torchrun found (:func:`.env.torchrun_path`): needed for Cases with world_size > 1."""
     return torchrun_path() is not None
@@ -272,6 +287,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if key not in TABLES:
             ck.fail(key, f"unknown table; allowed: {', '.join(f'[{t}]' for t in TABLES)}")
     suite = ck.table(data, "suite")
+    name = _name(ck, suite, path)
     model, attn_note = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"))
     train = _train(ck, ck.table(data, "train"))
     sweep = ck.table(data, "sweep")
@@ -325,7 +341,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
                           device=device, sync_impl=impl, data=data_spec))
     budget = suite.get("memory_budget_gib")
     return Suite(
-        name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],
+        name=name,
         path=path,
         cases=tuple(cases),
         timeout_s=float(suite.get("timeout_s", 300.0)),
