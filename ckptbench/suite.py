@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import asdict, fields, replace
 
 import tomllib
@@ -288,6 +289,20 @@ def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
     return DataSpec(**values)
 
 
+# [suite] name: the default --out is results/<name>-<time>, so a plain directory name inside results/
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def _name(ck: _Checker, suite: dict, path: str) -> str:
+    """The suite's name, or its file's when it gives none (a file name is no path: nothing to check)."""
+    if "name" not in suite:
+        return os.path.splitext(os.path.basename(path))[0]
+    if not NAME.fullmatch(suite["name"]):
+        ck.fail("suite.name", "must be 1 to 100 letters, digits, '.', '_' or '-', not starting with '.' "
+                f"(it names the results directory), got {suite['name']!r}")
+    return suite["name"]
+
+
 def launcher_available() -> bool:
     """torchrun found (:func:`.env.torchrun_path`): needed for Cases with world_size > 1."""
     return torchrun_path() is not None
@@ -313,6 +328,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if key not in TABLES:
             ck.fail(key, f"unknown table; allowed: {', '.join(f'[{t}]' for t in TABLES)}")
     suite = ck.table(data, "suite")
+    name = _name(ck, suite, path)
     sweep = ck.table(data, "sweep")
     axes = {key: ck.axis(sweep, key) for key in AXES}
     model, attn_note, axes["precision"] = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"),
@@ -369,7 +385,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
                           world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup))
     budget = suite.get("memory_budget_gib")
     return Suite(
-        name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],
+        name=name,
         path=path,
         cases=tuple(cases),
         timeout_s=float(suite.get("timeout_s", 300.0)),

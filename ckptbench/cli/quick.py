@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from ..errors import UsageError
 from ..spec import LOOPS, PRECISIONS, PRESETS
@@ -60,9 +61,17 @@ def add_precision_flags(p) -> None:
                    help="the training loop: manual (default), trainer (transformers.Trainer), accelerate")
 
 
+def run_name(model: str) -> str:
+    """``<model>-quick``: the model's file, directory or hub name made a plain directory name (the suite
+    name rule: letters, digits, ``.``, ``_``, ``-``, not starting with ``.``, at most 100 characters)."""
+    base = os.path.basename(os.path.abspath(model) if os.path.exists(model) else model.rstrip("/"))
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._")[:94]
+    return f"{base or 'model'}-quick"
+
+
 def suite_text(args) -> str:
     """The suite the quick flags describe."""
-    name = os.path.basename(args.model.rstrip("/")).replace(" ", "_")
+    name = run_name(args.model)
     model = model_lines(args.model, layers=args.layers, hidden=args.hidden, vocab=args.vocab, dtype=args.dtype,
                         attn=args.attn, precision=precision_flag(args))
     every_n = args.every_n_layers or [0]
@@ -71,7 +80,7 @@ def suite_text(args) -> str:
         sweep.append("offload = [false, true]")
     device = f'device = "{args.device}"\n' if args.device else ""
     loop = f'\n[train]\nloop = "{args.loop}"\n' if getattr(args, "loop", "manual") != "manual" else ""
-    return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}-quick"\n'
+    return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}"\n'
             f"{device}\n[model]\n" + "\n".join(model) + "\n" + loop + "\n[sweep]\n" + "\n".join(sweep) + "\n")
 
 
