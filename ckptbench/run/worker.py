@@ -24,7 +24,7 @@ from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
-from ..train.loops import accelerate_refusal, loop_for, memory_step
+from ..train.loops import loop_for, memory_step, precision_refusal
 from ..train.models import build_model, synthetic_batch
 from ..train.precision import Amp
 from .faults import Fault
@@ -137,7 +137,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         if case.every_n_layers > 0 and not layers:
             raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
                               "cannot checkpoint it layer by layer")
-        refusal = accelerate_refusal(case) if case.setup.loop != "manual" else None
+        refusal = precision_refusal(case)
         if refusal:
             raise Unsupported(refusal)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)

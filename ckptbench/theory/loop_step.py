@@ -6,13 +6,16 @@ differences are real tensors, so the simulation runs them too, each the way its 
 - ``manual``: ``model(input_ids=x, labels=x).loss / grad_accum`` inside the forward (the undivided loss
   is freed), ``backward``, one AdamW parameter group;
 - ``accelerate``: the loop keeps the model's loss and ``Accelerator.backward`` divides it by the
-  accumulation steps inside the backward: one fp32 scalar more through the whole backward;
+  accumulation steps inside the backward: one fp32 scalar more through the whole backward and the
+  optimizer step;
 - ``trainer``: as ``accelerate``, and besides: the collator's ``labels`` is a tensor of its own (8·b·s
   bytes beside ``input_ids``); the loss is summed and divided by ``num_items_in_batch`` (an fp32 tensor the
   Trainer counts before the step, which the division saves for backward), then scaled in place by the number of processes (autograd keeps
   one fp32 scalar more for that); the gradients are clipped to ``max_grad_norm`` (torch's
   ``clip_grad_norm_``, which accelerate calls); AdamW gets two parameter groups, those with weight decay
-  and those without (transformers' own ``get_decay_parameter_names``), and because the single-tensor
+  and those without (transformers' own ``get_decay_parameter_names``); the step's loss and the clipped
+  gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
+  step); and because the single-tensor
   AdamW frees a parameter's ``denom`` only when the next parameter's replaces it, the parameter before
   the largest one *in its group* adds its size to the optimizer's peak.
 
@@ -48,7 +51,8 @@ class LoopStep:
         labels = ids.clone()
         # the shifted labels' count, divided by the ranks sharing the batch: an fp32 tensor, as the Trainer has it
         items = torch.tensor(ids.shape[0] * (ids.shape[1] - 1), dtype=torch.int64) / 1
-        return {"input_ids": ids, "labels": labels, "num_items_in_batch": items}, [ids, labels, items]
+        running = torch.zeros((), dtype=torch.float32)  # the running loss the Trainer adds each step to
+        return {"input_ids": ids, "labels": labels, "num_items_in_batch": items}, [ids, labels, items, running]
 
     def loss(self, output_loss: torch.Tensor) -> torch.Tensor:
         """What the loop keeps of the forward.  Trainer's ``compute_loss`` scales the loss by the processes that
@@ -61,8 +65,14 @@ class LoopStep:
         scaled = loss if self.loop == "manual" else loss / 1  # accelerate's division by the accumulation steps
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
 
-    def before_optimizer(self, model: torch.nn.Module, scaler=None, optimizer=None) -> None:
-        if self.loop == "trainer":
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    def before_optimizer(self, model: torch.nn.Module, loss: torch.Tensor, scaler=None, optimizer=None) -> list:
+        """What the loop still holds while the optimizer steps: Accelerate's loop its loss (the variable of
+        ``loss = model(...).loss``), the Trainer its step's loss and the gradient norm it clipped to (both
+        logged after the step); the manual loop nothing (its loss was divided in the forward and freed)."""
+        if self.loop == "manual":
+            return []
+        if self.loop == "accelerate":
+            return [loss]
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        return [loss.detach(), torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)]

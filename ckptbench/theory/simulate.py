@@ -181,6 +181,8 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         flops = FlopCounter() if count_flops else _NoCount()
         autocast = setup.autocast if setup else ""
         scaler = torch.amp.GradScaler("cpu") if autocast == "fp16" else None
+        if scaler is not None:  # its scale and growth tracker exist from the warm-up steps, before the measured one
+            scaler.scale(torch.zeros(()))
         cast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[autocast]) if autocast else contextlib.nullcontext())
         with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr, flops:
             in_forward[0] = True
@@ -193,15 +195,17 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
             flops.phase = "backward"
             probe.in_backward = True
             around.backward(loss, scaler)
+            held = around.before_optimizer(model, loss, scaler, optimizer)
             del loss
-            around.before_optimizer(model, scaler, optimizer)
             tr.phase = tr.moment = flops.phase = "optimizer"
-            if scaler is not None:
-                scaler.step(optimizer)
+            if scaler is not None:  # scaler.step(optimizer), whose check of found_inf (.item()) fake tensors
+                scaler.unscale_(optimizer)  # cannot run: the unscale it starts with, then the step it takes
+                optimizer.step()  # when nothing overflowed
                 scaler.update()
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            del held
         for h in grad_hooks + handles:
             h.remove()
     offloaded = ckpt_bytes if offload else 0
