@@ -206,7 +206,7 @@ def cmd_plan(args) -> int:
     if args.verify:
         from .verify import verify
 
-        return verify(args, spec, options, a, predict)
+        return verify(args, case, options, a, predict)
     return 0
 
 
