@@ -1,5 +1,5 @@
 """The model that runs is the one the user's config describes: every key reaches transformers, under the name
-its config class reads, at the depth the suite asks for.
+its config class reads, at the depth the suite asks for; and a record says so by checking it.
 
 Configs here are made by transformers' own config classes and saved as transformers saves them, so the zoo
 covers what config.json files really hold (``layer_types``, biases, rope scaling, dropout, each family's
@@ -26,8 +26,10 @@ from ckptbench.configs import (
 )
 from ckptbench.spec import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_config, preset
 from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.theory.checks import config_checks
 from ckptbench.theory.params import param_count
 from ckptbench.train.models import build_model
+from ckptbench.train.reference import reference
 
 SWEEP = "[sweep]\nbatch_size = [1]\nseq_len = [8]\n"
 TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
@@ -103,6 +105,11 @@ def test_a_saved_config_read_at_a_smaller_depth_builds_what_from_config_builds(t
     if saved.get("mlp_only_layers"):
         at_two["mlp_only_layers"] = [i for i in saved["mlp_only_layers"] if i < 2]
     assert _count(model) == _from_config(AutoConfig.from_pretrained(path, **at_two))
+
+    # and the record's checks agree: every requested key on the built config, the count from the reference
+    m = {"n_params": _count(model), "resolved_config": json.loads(model.config.to_json_string(use_diff=False)),
+         **reference(spec)}
+    assert [(c.quantity, c.verdict) for c in config_checks(m)] == [("config", "pass"), ("params_from_config", "pass")]
 
 
 def test_the_extra_keys_of_the_analytic_families_reach_the_model():
@@ -235,3 +242,38 @@ def test_dry_run_refuses_in_one_line_what_the_build_would_refuse(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: {path}: model.extra.layer_types: transformers cannot build this qwen2 model"), line
+
+
+def _record_of(spec: ModelSpec, model) -> dict:
+    return {"n_params": _count(model), "resolved_config": json.loads(model.config.to_json_string(use_diff=False)),
+            **reference(spec)}
+
+
+def test_a_built_model_that_lost_a_requested_key_fails_its_checks_naming_it(monkeypatch):
+    from ckptbench.train import models
+
+    spec = preset("llama-tiny", config=canonical_config({"hidden_act": "gelu", "mlp_bias": True}))
+    good = _record_of(spec, _meta(spec))
+    assert {c.quantity: c.verdict for c in config_checks(good)} == {"config": "pass", "params_from_config": "pass"}
+
+    # a builder that drops the extra keys, as it did for the analytic families
+    def lossy(s):
+        return {k: v for k, v in original(s).items() if k not in s.config_extra}
+
+    original = models.config_values
+    monkeypatch.setattr(models, "config_values", lossy)
+    bad = {c.quantity: c for c in config_checks(_record_of(spec, _meta(spec)))}
+    assert bad["config"].verdict == "fail" and bad["config"].difference == ["hidden_act", "mlp_bias"]
+    assert bad["params_from_config"].verdict == "fail"
+
+
+def test_config_differences_ignore_what_the_builder_sets_and_names_nested_keys():
+    from ckptbench.theory.checks import config_differences
+
+    requested = {"hidden_size": 64, "n_embd": 64, "attention_dropout": 0.1, "use_cache": True, "dtype": None,
+                 "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}
+    built = {"hidden_size": 64, "attention_dropout": 0.0, "use_cache": False, "dtype": "float32",
+             "rope_parameters": {"rope_theta": 1e4, "rope_type": "default"}}
+    assert config_differences(requested, built) == ["rope_parameters.rope_theta"]
+    assert config_checks({"n_params": 5, "reference_error": "ValueError: no"})[0].verdict == "fail"
+    assert {c.verdict for c in config_checks({"n_params": 5})} == {"skip"}  # a record from before the check
