@@ -32,6 +32,12 @@ ANALYTIC_DEFAULTS: dict[str, dict] = {
     "gpt2": {"activation_function": "gelu_new"},
 }
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# precision name -> (parameter dtype, autocast dtype): pure precisions keep every tensor in one dtype; the
+# mixed ones are what Trainer(bf16=True / fp16=True) and Accelerator(mixed_precision=...) run: fp32 master
+# weights, gradients and optimizer state, compute under torch.autocast (fp16 with a gradient scaler)
+PRECISIONS = {"fp32": ("fp32", ""), "bf16": ("bf16", ""), "fp16": ("fp16", ""),
+              "bf16-mixed": ("fp32", "bf16"), "fp16-mixed": ("fp32", "fp16")}
+LOOPS = ("manual", "trainer", "accelerate")
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("cpu", "cuda")
 SYNC_IMPLS = ("accelerate", "torch-averager")
@@ -62,6 +68,11 @@ class ModelSpec:
     @property
     def config_extra(self) -> dict:
         return json.loads(self.config) if self.config else {}
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the matmuls run in: the autocast dtype of a mixed precision, else the parameters'."""
+        return self.setup.autocast or self.model.dtype
 
     @property
     def analytic(self) -> bool:
@@ -177,6 +188,32 @@ def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
     return [i for i in range(layers) if i % every_n_layers == 0]
 
 
+def precision_name(dtype: str, autocast: str) -> str:
+    """The precision a (parameter dtype, autocast dtype) pair is: fp32, bf16, fp16, bf16-mixed, fp16-mixed."""
+    return f"{autocast}-mixed" if autocast else dtype
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a point is trained, beside what it trains: the one typed place for each kind of run.
+
+    ``train/`` builds the run from it, ``theory/`` predicts it, ``plan`` searches it.
+    - ``autocast``: "" for a pure precision (every tensor in the model's dtype), or the compute dtype
+      ("bf16", "fp16") of autocast mixed precision over the model's fp32 master weights;
+    - ``loop``: ``manual`` (the plain step loop), ``trainer`` (``transformers.Trainer.train()``) or
+      ``accelerate`` (``Accelerator.prepare`` / ``accumulate`` / ``backward``).
+    """
+
+    autocast: str = ""
+    loop: str = "manual"
+
+    @property
+    def label(self) -> str:
+        """What the setup adds to a point's name: empty at the defaults (a pure dtype, the manual loop)."""
+        parts = [f"{self.autocast}-mixed"] if self.autocast else []
+        return "+".join(parts + ([self.loop] if self.loop != "manual" else []))
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """Fixed training settings of a suite: identical for every point so points are comparable."""
@@ -227,10 +264,13 @@ class Case:
     device: str = "cpu"
     sync_impl: str = "accelerate"  # local SGD averaging: accelerate's LocalSGD or torch's model averager
     data: DataSpec = DataSpec()
+    setup: Setup = Setup()
 
     @property
     def id(self) -> str:
         fields_ = asdict(self)
+        if self.setup == Setup():
+            del fields_["setup"]  # pure-dtype points of the manual loop keep the ids they had before
         if not fields_["model"]["config"]:
             del fields_["model"]["config"]  # points of the three built-in families keep their ids
         if self.data == DataSpec():
@@ -245,7 +285,23 @@ class Case:
         if self.world_size > 1:
             name += f"+ddp{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
             name += "-avg" if self.local_sgd_steps and self.sync_impl == "torch-averager" else ""
-        return name
+        return name + (f"+{self.setup.label}" if self.setup.label else "")
+
+    @property
+    def precision(self) -> str:
+        """fp32 | bf16 | fp16 (pure) | bf16-mixed | fp16-mixed (autocast over fp32 master weights)."""
+        return precision_name(self.model.dtype, self.setup.autocast)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the matmuls run in: the autocast dtype of a mixed precision, else the parameters'."""
+        return self.setup.autocast or self.model.dtype
+
+    @property
+    def analytic(self) -> bool:
+        """Whether the analytic estimate describes this point: its model (:attr:`ModelSpec.analytic`) in a
+        pure precision under the manual loop.  Every other point is predicted by the simulation of its step."""
+        return self.model.analytic and self.setup == Setup()
 
     @property
     def checkpointed_layers(self) -> list[int]:
@@ -266,6 +322,7 @@ class Case:
         values["model"] = ModelSpec(**data["model"])
         values["train"] = TrainSpec(**data["train"])
         values["data"] = DataSpec(**data["data"]) if data.get("data") else DataSpec()
+        values["setup"] = Setup(**data["setup"]) if data.get("setup") else Setup()
         return cls(**values)
 
 

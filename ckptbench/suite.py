@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import asdict, fields, replace
 
 import tomllib
@@ -41,11 +42,14 @@ from .spec import (
     DEVICES,
     DTYPES,
     FAMILIES,
+    LOOPS,
+    PRECISIONS,
     PRESETS,
     SYNC_IMPLS,
     Case,
     DataSpec,
     ModelSpec,
+    Setup,
     Suite,
     TrainSpec,
     canonical_config,
@@ -65,14 +69,15 @@ SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memor
               "budgets_gib": list, "device": str, "repeats": int}
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
 MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "hub": str, "extra": dict,
-              "dtype": str, "attn": str, "label": str, "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
+              "dtype": str, "precision": str, "attn": str, "label": str, "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
-              "memory_steps": int, "seed": int, "threads": int}
-AXES = {"seed": int, "batch_size": int, "seq_len": int, "every_n_layers": int, "offload": bool,
-        "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
+              "memory_steps": int, "seed": int, "threads": int, "loop": str}
+AXES = {"seed": int, "precision": str, "loop": str, "batch_size": int, "seq_len": int, "every_n_layers": int,
+        "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
+# seed: [train.seed]; precision: [model.precision] (or model.dtype); loop: [train.loop]
 AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
-                 "world_size": [1], "sync_impl": ["accelerate"], "seed": []}  # seed: [train.seed]
+                 "world_size": [1], "sync_impl": ["accelerate"], "seed": [], "precision": [], "loop": []}
 DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
              "eval_every": int, "eval_batches": int}
 # [slurm]: how `sweep --launcher slurm` asks for each job; flags of the same name override it.
@@ -190,8 +195,15 @@ def _near(suite_path: str, path: str) -> str:
     return beside if os.path.exists(beside) else path
 
 
-def _model(ck: _Checker, table: dict, device: str) -> tuple[ModelSpec, str]:
-    """The model, and when the suite names no attention, which one transformers' default gives and why."""
+def compute_dtype(precision: str) -> str:
+    """The dtype a precision computes in: the autocast dtype of a mixed one, else the parameters'."""
+    dtype, autocast = PRECISIONS[precision]
+    return autocast or dtype
+
+
+def _model(ck: _Checker, table: dict, device: str, precisions: list | None = None) -> tuple[ModelSpec, str, list]:
+    """The model, when the suite names no attention which one transformers' default gives and why, and the
+    precisions the points run in (the sweep's axis, else the model's precision or dtype)."""
     values = _source(ck, table)
     source = dict(values)
     for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
@@ -219,11 +231,21 @@ def _model(ck: _Checker, table: dict, device: str) -> tuple[ModelSpec, str]:
     except ConfigError as exc:
         ck.fail("model.layers", str(exc))
     if values.get("dtype", "fp32") not in DTYPES:
-        ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)}")
+        ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)} (mixed "
+                "precision: model.precision)")
+    if "precision" in table and "dtype" in table:
+        ck.fail("model.precision", "give precision or its pure alias dtype, not both")
+    if precisions is None:  # the [model] precision (or dtype), when the sweep has no precision axis
+        precisions = [table.get("precision", values.get("dtype", "fp32"))]
+    for p in precisions:
+        if p not in PRECISIONS:
+            ck.fail("sweep.precision" if "precision" not in table else "model.precision",
+                    f"unknown precision {p!r}; known: {', '.join(PRECISIONS)}")
     attn_note = ""
     if "attn" not in table:
-        values["attn"], attn_note = default_attention(values["family"], device, values.get("dtype", "fp32"),
-                                                      cls.supports_sdpa)
+        # the dtype attention computes in; fp32 anywhere in the sweep decides (see default_attention)
+        compute = "fp32" if any(compute_dtype(p) == "fp32" for p in precisions) else compute_dtype(precisions[0])
+        values["attn"], attn_note = default_attention(values["family"], device, compute, cls.supports_sdpa)
     if values.get("attn", "eager") not in ATTENTIONS:
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:
@@ -249,12 +271,14 @@ def _model(ck: _Checker, table: dict, device: str) -> tuple[ModelSpec, str]:
         if problem:
             source_key = next((k for k in MODEL_SOURCES if k in table), "family")
             ck.fail(f"model.{problem[0] or source_key}", problem[1])
-    return spec, attn_note
+    return spec, attn_note, precisions
 
 
 def _train(ck: _Checker, table: dict) -> TrainSpec:
     if table.get("optimizer", "adamw") != "adamw":
         ck.fail("train.optimizer", f"only 'adamw' is supported, got {table['optimizer']!r}")
+    if table.get("loop", "manual") not in LOOPS:
+        ck.fail("train.loop", f"unknown loop {table['loop']!r}; known: {', '.join(LOOPS)}")
     for key in ("warmup_steps", "steps", "memory_steps", "threads"):
         if key in table:
             ck.positive(f"train.{key}", table[key])
@@ -264,6 +288,24 @@ def _train(ck: _Checker, table: dict) -> TrainSpec:
         ck.positive("train.seed", table["seed"], allow_zero=True)
     known = {f.name for f in fields(TrainSpec)}
     return TrainSpec(**{k: v for k, v in table.items() if k in known})
+
+
+def _setups(ck: _Checker, precisions: list, loops: list, device: str, attn: str) -> list[tuple[str, Setup]]:
+    """(parameter dtype, Setup) for each precision × loop, checked against what the libraries run."""
+    for loop in loops:
+        if loop not in LOOPS:
+            ck.fail("sweep.loop", f"unknown loop {loop!r}; known: {', '.join(LOOPS)}")
+    out = []
+    for p in precisions:
+        dtype, autocast = PRECISIONS[p]
+        if device == "cuda" and attn == "sdpa" and compute_dtype(p) == "fp32":
+            # torch's fused CUDA kernels (flash, memory-efficient, cuDNN) that the estimate models do not all
+            # take fp32 with grouped-query attention; its math fallback keeps the a·s² probabilities
+            ck.fail("model.attn", "sdpa in fp32 on CUDA may fall back to the math kernel, which keeps the "
+                    "s² probabilities the estimate does not model; use precision bf16-mixed (or bf16, fp16), "
+                    "or attn eager")
+        out += [(dtype, Setup(autocast=autocast, loop=loop)) for loop in loops]
+    return out
 
 
 def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
@@ -293,6 +335,20 @@ def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
     return DataSpec(**values)
 
 
+# [suite] name: the default --out is results/<name>-<time>, so a plain directory name inside results/
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def _name(ck: _Checker, suite: dict, path: str) -> str:
+    """The suite's name, or its file's when it gives none (a file name is no path: nothing to check)."""
+    if "name" not in suite:
+        return os.path.splitext(os.path.basename(path))[0]
+    if not NAME.fullmatch(suite["name"]):
+        ck.fail("suite.name", "must be 1 to 100 letters, digits, '.', '_' or '-', not starting with '.' "
+                f"(it names the results directory), got {suite['name']!r}")
+    return suite["name"]
+
+
 def launcher_available() -> bool:
     """torchrun found (:func:`.env.torchrun_path`): needed for Cases with world_size > 1."""
     return torchrun_path() is not None
@@ -318,11 +374,15 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if key not in TABLES:
             ck.fail(key, f"unknown table; allowed: {', '.join(f'[{t}]' for t in TABLES)}")
     suite = ck.table(data, "suite")
-    model, attn_note = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"))
-    train = _train(ck, ck.table(data, "train"))
+    name = _name(ck, suite, path)
     sweep = ck.table(data, "sweep")
     axes = {key: ck.axis(sweep, key) for key in AXES}
+    model, attn_note, axes["precision"] = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"),
+                                                 axes["precision"] or None)
+    train_table = ck.table(data, "train")
+    train = _train(ck, train_table)
     axes["seed"] = axes["seed"] or [train.seed]
+    axes["loop"] = axes["loop"] or [train_table.get("loop", "manual")]
     data_spec = _data(ck, ck.table(data, "data"), model)
     if data_spec.source != "random" and min(axes["world_size"]) == 1:
         ck.fail("data.source", f"{data_spec.source!r} trains the data-parallel loop (world_size > 1); "
@@ -331,11 +391,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     device = suite.get("device", "cpu")
     if device not in DEVICES:
         ck.fail("suite.device", f"unknown device {device!r}; known: {', '.join(DEVICES)}")
-    if device == "cuda" and model.attn == "sdpa" and model.dtype == "fp32":
-        # torch's fused CUDA kernels (flash, memory-efficient, cuDNN) that the estimate models do not all
-        # take fp32 with grouped-query attention; its math fallback keeps the a·s² probabilities
-        ck.fail("model.attn", "sdpa in fp32 on CUDA may fall back to the math kernel, which keeps the "
-                "s² probabilities the estimate does not model; use dtype bf16 or fp16, or attn eager")
+    setups = _setups(ck, axes["precision"], axes["loop"], device, model.attn)
     if max(axes["every_n_layers"]) > model.layers:
         ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
                 f"{model.layers} layers")
@@ -360,18 +416,22 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
     cases = []
+    rest = [a for a in AXES if a not in ("seed", "precision", "loop")]
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
-    for seed, b, s, n, off, k, ga, ws, impl in itertools.product(*(axes[a] for a in AXES)):
+    for seed, (dtype, setup), (b, s, n, off, k, ga, ws, impl) in itertools.product(
+            axes["seed"], setups, itertools.product(*(axes[a] for a in rest))):
         # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
-        # averaging implementation where nothing is averaged (plain DDP or a single process)
-        if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0):
+        # averaging implementation where nothing is averaged (plain DDP or a single process), and a choice
+        # of loop for a multi-rank point (which always runs accelerate's data-parallel loop)
+        if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
+                (setup.loop != "manual" and ws > 1):
             continue
-        cases.append(Case(model=model, train=replace(train, seed=seed), batch_size=b, seq_len=s,
-                          every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga, world_size=ws,
-                          device=device, sync_impl=impl, data=data_spec))
+        cases.append(Case(model=replace(model, dtype=dtype), train=replace(train, seed=seed), batch_size=b,
+                          seq_len=s, every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga,
+                          world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup))
     budget = suite.get("memory_budget_gib")
     return Suite(
-        name=suite.get("name") or os.path.splitext(os.path.basename(path))[0],
+        name=name,
         path=path,
         cases=tuple(cases),
         timeout_s=float(suite.get("timeout_s", 300.0)),

@@ -65,6 +65,8 @@ def launch(args, suite, options, console) -> int:
     if args.shard != (1, 1):
         raise UsageError("--shard and --launcher do not go together: --jobs N cuts the suite into N shards")
     settings = SlurmSettings.merged(suite.slurm, {k: getattr(args, k) for k in SLURM_FLAGS})
+    if args.launcher == "local" and settings.setup:  # Slurm's job script runs them; a local job does not
+        console.print("[slurm] setup ignored under --launcher local", markup=False)
     if args.launcher == "slurm" and settings.time_min is None:
         raise UsageError("--launcher slurm needs each job's time limit: --time-limit MIN, or time_min in the "
                          "suite's [slurm] table")

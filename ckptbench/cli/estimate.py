@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec import ATTENTIONS, DTYPES, PRESETS
+from ..spec import ATTENTIONS, PRESETS
 from ..theory import estimate as est_mod
+from .quick import add_precision_flags, precision_flag
 
 GIB = 1024**3
 
@@ -22,7 +23,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--every-n-layers", type=int, default=0, help="0 = off, 1 = every layer, n = every n-th")
     p.add_argument("--offload", action="store_true", help="checkpointed inputs go to host memory")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: the preset's")
+    add_precision_flags(p)
     p.add_argument("--attn", choices=ATTENTIONS, default=None,
                    help="default: what transformers builds without being told (sdpa where the model has it; "
                         "eager in fp32 on CUDA)")
@@ -98,10 +99,11 @@ def case_from_args(args: argparse.Namespace):
     from ..errors import UsageError
     from ..suite import SuiteError, parse_suite
 
-    model = [f'preset = "{args.model}"'] + [f'{k} = "{v}"' for k, v in (("dtype", args.dtype),
-                                                                        ("attn", args.attn)) if v]
+    model = [f'preset = "{args.model}"'] + [f'{k} = "{v}"' for k, v in (
+        ("dtype", args.dtype), ("precision", precision_flag(args)), ("attn", args.attn)) if v]
     text = "\n".join([
-        f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model, "[sweep]",
+        f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model,
+        f'[train]\nloop = "{getattr(args, "loop", "manual")}"', "[sweep]",
         f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", f"every_n_layers = [{args.every_n_layers}]",
         f"offload = [{'true' if args.offload else 'false'}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
     ])
@@ -116,9 +118,13 @@ def _simulated_only(case) -> int:
     from ..theory.simulate import simulate
 
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                   device=case.device).to_dict()
-    print(f"no analytic estimate for model_type {case.model.family!r}: the simulated step (fake tensors) "
-          "is the estimate")
+                   device=case.device, setup=case.setup).to_dict()
+    spec = case.model
+    why = (f"model_type {spec.family!r} has no analytic estimate" if not spec.analytic else
+           f"the analytic estimate is for pure precisions under the manual loop, this is {case.precision}"
+           + (f" under the {case.setup.loop} loop" if case.setup.loop != "manual" else ""))
+    print(f"{spec.label} {case.precision} {spec.attn} b={case.batch_size} s={case.seq_len} {case.strategy} "
+          f"on {case.device}: {why}, so the simulated step (the real step on fake tensors) is the estimate")
     for key in ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes",
                 "checkpointed_input_bytes", "offloaded_bytes"):
         print(f"{key:40s} {_gib(sim[key]):>12s} GiB")
@@ -128,7 +134,7 @@ def _simulated_only(case) -> int:
 
 def run(args: argparse.Namespace) -> int:
     case = case_from_args(args)
-    if not case.model.analytic:
+    if not case.analytic:
         return _simulated_only(case)
     e = est_mod.estimate_case(case)
     sim = None

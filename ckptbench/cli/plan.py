@@ -32,24 +32,27 @@ def parse_bytes(text: str) -> int:
         raise UsageError(f"--memory takes a size such as 80GiB or 141GB, got {text!r}") from None
 
 
-def _model(args):
-    """The ModelSpec the flags describe, through the same rules as a suite file."""
+def _case(args):
+    """A Case of the model and setup the flags describe, through the same rules as a suite file."""
     from ..suite import parse_suite
-    from .quick import model_lines
+    from .quick import model_lines, precision_flag
 
     device = "cpu" if args.device == "cpu" else "cuda"
     text = (f'[suite]\ndevice = "{device}"\n[model]\n'
-            + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn))
-            + f"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n")
-    return parse_suite(text, f"--model {args.model}").cases[0].model
+            + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn,
+                                     precision=precision_flag(args)))
+            + f'\n[train]\nloop = "{args.loop}"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n')
+    return parse_suite(text, f"--model {args.model}").cases[0]
 
 
-def predictor(spec, seq: int, a, force_simulation: bool):
-    """The analytic estimate where the model's family has one (unless --simulate), else the few-layer
-    FakeTensor simulation extrapolated to the model's depth."""
+def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
+    """The analytic estimate where it describes the point (a pure precision of a family that has one, the
+    manual loop) unless --simulate, else the few-layer FakeTensor simulation extrapolated to full depth."""
+    from ..spec import Setup
     from ..theory import plan as planner
 
-    if spec.analytic and not force_simulation:
+    setup = setup or Setup()
+    if spec.analytic and setup == Setup() and not force_simulation:
         return planner.Analytic()
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
     from ..theory.extrapolate import NotAffine, Simulated, extrapolation
@@ -58,7 +61,7 @@ def predictor(spec, seq: int, a, force_simulation: bool):
     # every few-layer step is independent: one process per core simulates them
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=get_context("fork")) as pool:
         try:
-            return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map))
+            return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup))
         except NotAffine as exc:
             raise UsageError(f"cannot plan {spec.label} from a few-layer simulation: {exc}") from None
 
@@ -71,13 +74,16 @@ def _calibration(path: str | None) -> dict:
         return json.load(fh)
 
 
-def _cpu_peak(spec, seq: int) -> tuple[float | None, str]:
-    """This machine's 1-thread matmul rate in the model's dtype, and where it comes from."""
+def _cpu_peak(spec, seq: int, compute: str) -> tuple[float | None, str]:
+    """This machine's 1-thread matmul rate in the dtype the step computes in, and where it comes from."""
+    from dataclasses import replace
+
     from ..run.calibration import machine_rates
     from ..spec import Case, TrainSpec
 
-    rates, why = machine_rates([Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=seq)])
-    peak = rates.matmul.get(("cpu", spec.dtype, 1)) if rates else None
+    rates, why = machine_rates([Case(model=replace(spec, dtype=compute), train=TrainSpec(), batch_size=1,
+                                     seq_len=seq)])
+    peak = rates.matmul.get(("cpu", compute, 1)) if rates else None
     return peak, "measured here (1 thread)" if peak else f"unknown: {why}"
 
 
@@ -100,7 +106,8 @@ def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
 def assumptions(args):
     from ..theory import plan as planner
 
-    spec = _model(args)
+    case = _case(args)
+    spec, compute = case.model, case.compute_dtype
     cal = _calibration(args.calibration)
     sources = {"efficiency": "default"}
     a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
@@ -115,15 +122,15 @@ def assumptions(args):
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
-        a["peak_flops_per_s"], sources["peak_flops_per_s"] = _cpu_peak(spec, args.seq)
-        return spec, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
+        a["peak_flops_per_s"], sources["peak_flops_per_s"] = _cpu_peak(spec, args.seq, compute)
+        return case, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
     name = args.device.upper()
-    peak = planner.datasheet_peak(name, spec.dtype)
+    peak = planner.datasheet_peak(name, compute)
     a.update(memory_bytes=parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device],
              device="cuda", device_name=name, reserved_margin=planner.CUDA_RESERVED_MARGIN,
              context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
     sources.update(memory_bytes="--memory" if args.memory else f"datasheet ({args.device})",
-                   peak_flops_per_s=f"datasheet {name} {spec.dtype}" if peak else "unknown",
+                   peak_flops_per_s=f"datasheet {name} {compute}" if peak else "unknown",
                    reserved_margin="default", context_bytes="default", link_bytes_per_s="default")
     if args.from_run:
         _measured_margins(a, sources, args.from_run)
@@ -134,15 +141,22 @@ def assumptions(args):
     if links:
         a["link_bytes_per_s"] = min(links)
         sources["link_bytes_per_s"] = f"calibration {args.calibration}"
-    return spec, planner.Assumptions(**a, sources=sources)
+    return case, planner.Assumptions(**a, sources=sources)
 
 
-def render(spec, seq: int, options, a) -> str:
+def run_label(case) -> str:
+    """The model and how it is trained: llama-8b (llama, 32 layers, bf16-mixed sdpa, Trainer loop)."""
+    spec = case.model
+    loop = "" if case.setup.loop == "manual" else f", {case.setup.loop} loop"
+    return f"{spec.label} ({spec.family}, {spec.layers} layers, {case.precision} {spec.attn}{loop})"
+
+
+def render(case, seq: int, options, a, why_nothing: str = "") -> str:
     from ..theory.plan import recommendation
 
     gib = 2**30
     ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""
-    lines = [f"{spec.label} ({spec.family}, {spec.layers} layers, {spec.dtype} {spec.attn}) at seq {seq}, "
+    lines = [f"{run_label(case)} at seq {seq}, "
              f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
              f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
     shown = options[:SHOWN]
@@ -153,7 +167,7 @@ def render(spec, seq: int, options, a) -> str:
                      f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
     if len(shown) < len(options):
         lines.append(f"... {len(options) - len(shown)} slower or smaller strategies more (--json lists all)")
-    lines.append(f"recommended: {recommendation(options)}")
+    lines.append(f"recommended: {why_nothing or recommendation(options)}")
     lines.append("assumed: " + "; ".join(
         [f"efficiency {a.efficiency:.0%} of peak FLOP/s ({a.sources.get('efficiency', 'default')})"]
         + ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
@@ -165,16 +179,20 @@ def render(spec, seq: int, options, a) -> str:
 def cmd_plan(args) -> int:
     from ..theory import plan as planner
 
-    spec, a = assumptions(args)
+    case, a = assumptions(args)
+    spec = case.model
     t0 = time.perf_counter()
-    predict = predictor(spec, args.seq, a, args.simulate)
-    options = planner.plan(spec, args.seq, a, predict=predict)
+    predict = predictor(spec, args.seq, a, args.simulate, case.setup)
+    options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup)
+    why = "" if any(o.max_batch for o in options) else planner.nothing_fits(spec, args.seq, a, predict, case.setup)
     took = time.perf_counter() - t0
+    label = run_label(case)
     if args.json:
-        print(json.dumps({**planner.to_dict(options, a, args.seq, spec.label), "memory_source": predict.source,
-                          "planning_s": round(took, 2)}, indent=2))
+        print(json.dumps({**planner.to_dict(options, a, args.seq, label, why), "memory_source": predict.source,
+                          "precision": case.precision, "loop": case.setup.loop, "planning_s": round(took, 2)},
+                         indent=2))
     else:
-        print(render(spec, args.seq, options, a))
+        print(render(case, args.seq, options, a, why))
         print(f"memory and FLOPs: {predict.source}; planned in {took:.1f} s")
         for why in sorted(set(predict.max_seq_unknown())):
             print(f"max seq @b1 not predicted: {why}")
@@ -182,7 +200,7 @@ def cmd_plan(args) -> int:
         from ..report.plan_section import plan_page
         from ..store.files import write_text_atomic
 
-        write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, spec.label),
+        write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, label, why),
                                                 "memory_source": predict.source}))
         print(f"plan page: {args.html}", file=sys.stderr)
     if args.verify:
@@ -193,6 +211,8 @@ def cmd_plan(args) -> int:
 
 
 def add_parser(sub) -> None:
+    from .quick import add_precision_flags
+
     p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
     p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
     p.add_argument("--seq", type=int, required=True, help="sequence length")
@@ -200,7 +220,7 @@ def add_parser(sub) -> None:
                    help="the card (its memory and peak FLOP/s), or cpu with --memory (default h100)")
     p.add_argument("--memory", help="memory to plan for, e.g. 80GiB (default: the card's)")
     p.add_argument("--layers", type=int, help="override the model's layer count")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    add_precision_flags(p)
     p.add_argument("--attn", choices=("eager", "sdpa"))
     p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
     p.add_argument("--from-run", metavar="DIR",

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from ..errors import UsageError
-from ..spec import PRESETS
+from ..spec import LOOPS, PRECISIONS, PRESETS
+
+# What a command that names no precision runs: what Trainer(bf16=True) / Accelerator(mixed_precision="bf16")
+# run, fp32 master weights with bf16 autocast; a suite file that names none keeps fp32, as before.
+DEFAULT_PRECISION = "bf16-mixed"
 
 
 def _ints(text: str) -> list[int]:
@@ -41,18 +46,42 @@ def model_lines(model: str, **overrides) -> list[str]:
     return lines
 
 
+def precision_flag(args) -> str | None:
+    """--precision, or the default when neither it nor its pure alias --dtype is given."""
+    if getattr(args, "precision", None):
+        return args.precision
+    return None if getattr(args, "dtype", None) else DEFAULT_PRECISION
+
+
+def add_precision_flags(p) -> None:
+    p.add_argument("--precision", choices=tuple(PRECISIONS),
+                   help=f"default {DEFAULT_PRECISION}: fp32 master weights, bf16 autocast, as Trainer(bf16=True)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="a pure precision (alias of --precision)")
+    p.add_argument("--loop", choices=LOOPS, default="manual",
+                   help="the training loop: manual (default), trainer (transformers.Trainer), accelerate")
+
+
+def run_name(model: str) -> str:
+    """``<model>-quick``: the model's file, directory or hub name made a plain directory name (the suite
+    name rule: letters, digits, ``.``, ``_``, ``-``, not starting with ``.``, at most 100 characters)."""
+    base = os.path.basename(os.path.abspath(model) if os.path.exists(model) else model.rstrip("/"))
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._")[:94]
+    return f"{base or 'model'}-quick"
+
+
 def suite_text(args) -> str:
     """The suite the quick flags describe."""
-    name = os.path.basename(args.model.rstrip("/")).replace(" ", "_")
+    name = run_name(args.model)
     model = model_lines(args.model, layers=args.layers, hidden=args.hidden, vocab=args.vocab, dtype=args.dtype,
-                        attn=args.attn)
+                        attn=args.attn, precision=precision_flag(args))
     every_n = args.every_n_layers or [0]
     sweep = [f"batch_size = {args.batch or [1]}", f"seq_len = {args.seq or [512]}", f"every_n_layers = {every_n}"]
     if args.offload:
         sweep.append("offload = [false, true]")
     device = f'device = "{args.device}"\n' if args.device else ""
-    return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}-quick"\n'
-            f"{device}\n[model]\n" + "\n".join(model) + "\n\n[sweep]\n" + "\n".join(sweep) + "\n")
+    loop = f'\n[train]\nloop = "{args.loop}"\n' if getattr(args, "loop", "manual") != "manual" else ""
+    return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}"\n'
+            f"{device}\n[model]\n" + "\n".join(model) + "\n" + loop + "\n[sweep]\n" + "\n".join(sweep) + "\n")
 
 
 def add_arguments(p) -> None:
@@ -65,7 +94,7 @@ def add_arguments(p) -> None:
     g.add_argument("--batch", type=_ints, metavar="B,B,...", help="batch sizes (default 1)")
     g.add_argument("--every-n-layers", type=_ints, metavar="N,N,...", help="checkpointing settings (default 0)")
     g.add_argument("--offload", action="store_true", help="also every checkpointed setting with offload")
-    g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    add_precision_flags(g)
     g.add_argument("--attn", choices=("eager", "sdpa"),
                    help="default: transformers' default for the model (sdpa where it has it; eager in fp32 on CUDA)")
     g.add_argument("--device", choices=("cpu", "cuda"))

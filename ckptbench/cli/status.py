@@ -21,6 +21,8 @@ def _ago(stamp: str | None) -> str:
 
 
 def print_status(run_dir: str, console, list_missing: bool = False) -> None:
+    from rich.markup import escape
+
     from ..run.status import run_status
 
     st = run_status(run_dir)
@@ -49,7 +51,7 @@ def print_status(run_dir: str, console, list_missing: bool = False) -> None:
             line = f"not running (last: {who}, ended {s.info.get('ended_at', '?')})"
         console.print(f"  shard {i}/{n}: {line}")
     for job in st.jobs:
-        console.print(f"  job {job.job_id} ({job.launcher}, shard {job.shard[0]}/{job.shard[1]}): {job.state}")
+        console.print(f"  job {job.job_id} ({job.launcher}, shard {job.shard[0]}/{job.shard[1]}): {escape(job.state)}")  # text from files: no markup
     for problem in st.problems:
         console.print(f"[yellow]warning:[/yellow] {problem}")
     if list_missing:

@@ -114,7 +114,7 @@ def _memory_line(cases, cap: int | None) -> str:
         return (f"memory: {len(cuda)} CUDA points not checked (no CUDA device visible to NVML here); the sweep "
                 "checks each point before it starts")
     over = [c for c in cases if too_big(c, cap, host, device_bytes)]
-    unestimated = sum(1 for c in cases if not c.model.analytic)
+    unestimated = sum(1 for c in cases if not c.analytic)
     if unestimated:
         return (f"memory: {unestimated} points have no analytic estimate to check before they start (their "
                 f"simulation runs in the worker){f'; {len(over)} more would be skipped' if over else ''}")

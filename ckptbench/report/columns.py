@@ -26,6 +26,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "hidden": ("case.model.hidden", "num"),
     "layers": ("case.model.layers", "num"),
     "dtype": ("case.model.dtype", "str"),
+    "autocast": ("case.setup.autocast", "str"),  # absent on records from before mixed precision: pure
+    "loop": ("case.setup.loop", "str"),  # absent on records from before the loops: manual
     "attn": ("case.model.attn", "str"),
     "attn_ran": ("measurement.attn_implementation", "str"),  # what transformers built the model with
     "batch": ("case.batch_size", "num"),
@@ -117,6 +119,8 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             out[short] = [None if _missing(v) else v for v in col]
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
+    out["precision"] = [f"{ac}-mixed" if ac else dt for ac, dt in zip(out["autocast"], out["dtype"])]
+    out["loop"] = [loop or "manual" for loop in out["loop"]]
     out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")
                     for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
@@ -136,7 +140,9 @@ def _strategy_name(every_n, offload) -> str:
 
 def _variant(row) -> str:
     """Everything but batch, seq and strategy: points with equal variants are comparable."""
-    parts = [row.model, row.dtype or "?", row.attn or "?"]
+    parts = [row.model, row.precision or "?", row.attn or "?"]
+    if row.loop != "manual":
+        parts.append(f"{row.loop} loop")
     if not _missing(row.world) and row.world > 1:
         parts.append(f"world {row.world:.0f}")
         parts.append("DDP" if not row.K else f"K={row.K:.0f}")
@@ -156,7 +162,7 @@ def strategy_order(name: str) -> tuple:
         rank = 1.0 / int(base[6:])
     else:
         rank = 2.0
-    return (extra != "", rank, name)
+    return ("offload" in extra.split("+"), rank, name)
 
 
 def strategies(t: pd.DataFrame) -> list[str]:

@@ -28,7 +28,7 @@ class Room:
 def estimated_peak(case: Case) -> int | None:
     """The memory the whole point needs on one machine: the estimate's peak, once per rank on CPU (every
     rank of a CPU group runs on this host); None where there is no estimate."""
-    if not case.model.analytic:
+    if not case.analytic:
         return None  # no analytic estimate; the simulation runs in the worker, after the point started
     try:
         peak = estimate_case(case).peak_bytes

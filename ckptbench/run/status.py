@@ -2,15 +2,16 @@
 
 Everything a sweep leaves says something: ``suite.toml`` what was asked for, ``records.jsonl`` what is
 done, each shard's lock whether a sweep holds it now and its state file what that sweep is running,
-and ``jobs/submitted.jsonl`` with submitit's result files what became of each job.  Nothing is asked
-of a scheduler, so the answer is the same on a login node, a laptop holding a copy, or in CI.
+and ``jobs/submitted.jsonl`` with each job's outcome file what became of each job.  Nothing is asked
+of a scheduler, so the answer is the same on a login node, a laptop holding a copy, or in CI.  Nothing
+here unpickles: a results directory may come from anyone, and a pickle runs what it says
+(:mod:`.outcome`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from ..errors import UsageError
 from ..spec import Case
 from ..store.records import load_records
 from ..suite import load_suite
+from .outcome import job_outcome
 from .shards import ShardState, shard_states
 from .sweep import plan
 
@@ -81,9 +83,14 @@ def run_status(run_dir: str) -> RunStatus:
 
 
 def _jobs(run_dir: str, shards: list[ShardState]) -> list[JobState]:
-    """The latest job submitted for each shard, and what its files say became of it."""
+    """The latest job submitted for each shard, and what its files say became of it.
+
+    Read from this run's ``jobs/`` alone, not from the folder the manifest names: that is where the
+    jobs wrote when they were submitted from here, and it stays right when the run is copied or moved.
+    """
     path = os.path.join(run_dir, JOBS_MANIFEST)
-    latest: dict[tuple[int, int], tuple[str, str, str]] = {}
+    folder = os.path.dirname(path)
+    latest: dict[tuple[int, int], tuple[str, str]] = {}
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
@@ -92,30 +99,13 @@ def _jobs(run_dir: str, shards: list[ShardState]) -> list[JobState]:
                 except ValueError:
                     continue
                 for job in entry.get("jobs", []):
-                    latest[tuple(job["shard"])] = (str(job["job_id"]), entry.get("launcher", "?"),
-                                                   entry.get("folder", ""))
+                    latest[tuple(job["shard"])] = (str(job["job_id"]), entry.get("launcher", "?"))
     except OSError:
         return []
     holding = {s.info.get("job"): s for s in shards if s.held}
     out = []
-    for shard, (job_id, launcher, folder) in sorted(latest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if not os.path.isdir(folder):  # the run was copied or moved since: its jobs folder came along
-            folder = os.path.dirname(path)
-        state = "running" if job_id in holding else _outcome(os.path.join(folder, f"{job_id}_0_result.pkl"))
+    for shard, (job_id, launcher) in sorted(latest.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        state = "running" if job_id in holding else job_outcome(folder, job_id)
         out.append(JobState(shard, job_id, launcher, state))
     return out
 
-
-def _outcome(result_pickle: str) -> str:
-    """What submitit wrote when the job ended: ``("success", value)`` or ``("error", traceback)``."""
-    try:
-        with open(result_pickle, "rb") as fh:
-            kind, value = pickle.load(fh)
-    except FileNotFoundError:
-        return "no result yet (queued, or ended without one)"
-    except Exception as exc:  # an unreadable pickle is a state too, not a crash of status
-        return f"result unreadable ({type(exc).__name__})"
-    if kind == "success":
-        return "finished"
-    lines = [ln for ln in str(value).strip().splitlines() if ln.strip()]
-    return f"failed: {lines[-1][:200] if lines else '?'}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import submitit
 
 from ..spec import Suite
+from .outcome import write_outcome
 from .scheduler import Stopped, StopRequest
 from .sweep import SweepOptions, run_sweep
 
@@ -79,12 +80,13 @@ def slurm_parameters(settings: SlurmSettings, job_name: str) -> dict:
 
 
 def local_parameters(settings: SlurmSettings) -> dict:
-    """Keyword arguments for ``LocalExecutor.update_parameters``: the time limit, the GPUs a job sees."""
+    """Keyword arguments for ``LocalExecutor.update_parameters``: the time limit, the GPUs a job sees.
+
+    Never ``setup``: those lines are for a Slurm job's script on a node, and submitit's local executor
+    would run them in a shell here, on the machine of whoever ran the sweep."""
     params: dict = {"timeout_min": settings.time_min or LOCAL_TIME_MIN, "signal_delay_s": SIGNAL_DELAY_S}
     if settings.gpus_per_task:
         params["gpus_per_node"] = settings.gpus_per_task
-    if settings.setup:
-        params["setup"] = list(settings.setup)
     return params
 
 
@@ -108,9 +110,22 @@ class ShardJob(submitit.helpers.Checkpointable):
         self.suite, self.options = suite, options
 
     def __call__(self) -> dict:
+        """Run the shard, and note how it ended beside submitit's files (what ``status`` reads).
+
+        A requeue exits (``SystemExit``) and notes nothing: the requeued job notes its own end.
+        """
+        env = submitit.JobEnvironment()
+        try:
+            summary = self._run(env.job_id)
+        except Exception as exc:
+            write_outcome(str(env.paths.folder), env.job_id, exc)
+            raise
+        write_outcome(str(env.paths.folder), env.job_id, None)
+        return summary
+
+    def _run(self, job: str) -> dict:
         from ..theory.annotate import annotate_record
 
-        job = submitit.JobEnvironment().job_id
         stop = StopRequest()
         warning = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
         submitits = signal.getsignal(warning)  # checkpoint and requeue: called once the sweep has stopped

@@ -17,69 +17,90 @@ from contextlib import nullcontext
 
 import torch
 
-from ..measure.flops import FlopCounter
-from ..measure.memory import probe_for
-from ..measure.saved import LayerProbe, SavedTensorCounter
 from ..measure.steps import step_probe_for
-from ..measure.storage import StorageSerials
 from ..measure.timing import StepStats, timer_for
 from ..spec import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
-from ..train.checkpointing import (
-    decoder_layers,
-    enable_checkpointing,
-    offload_without_pinning,
-    pinned_memory_error,
-)
+from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
+from ..train.loops import loop_for, memory_step, precision_refusal
 from ..train.models import build_model, synthetic_batch
+from ..train.precision import Amp
 from ..train.reference import reference
-from ..train.step import forward_loss, train_step
 from .faults import Fault
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
+from .memory_step import MemoryStepMarks
 
 
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
-    """One step under the memory probe, the saved-tensor counter and the layer probe."""
-    probe = probe_for(batch.device, model, optimizer, [batch])
-    serials = StorageSerials()
-    param_keys = {serials(p) for p in model.parameters()}
-    layer_probe = LayerProbe(serials, layers, on_phase=probe.set_phase)
-    counter = SavedTensorCounter(serials, param_keys, layer_of=lambda: layer_probe.current)
-    flops = FlopCounter()
-    with layer_probe:
-        probe.start()
-        try:
-            with flops:
-                for micro in range(case.grad_accum):
-                    probe.set_phase("forward")
-                    flops.phase = "forward"
-                    with counter if micro == 0 else nullcontext():
-                        loss = forward_loss(model, batch, case.grad_accum)
-                    if micro == 0:
-                        probe.mark_after_forward()
-                    probe.set_phase("backward-head")
-                    flops.phase = "backward"
-                    layer_probe.in_backward = True
-                    loss.backward()
-                    layer_probe.in_backward = False
-                    del loss
-                probe.set_phase("optimizer")
-                flops.phase = "optimizer"
-                optimizer.step()
-        finally:
-            probe.stop()  # before zero_grad: the CUDA probe reads the gradients it sizes
-        optimizer.zero_grad(set_to_none=True)
-    out = probe.result().to_dict()
-    out["memory_probe"] = probe.kind
-    # what torch's checkpoint really packed, layer by layer: never what the setting says it should
-    checkpointed = sorted(counter.checkpoint_layers)
-    out.update(counter.summary(layer_probe.keys_of(checkpointed)))
-    out["checkpointed_layers"] = checkpointed
-    out["recomputed_layers"] = sorted(layer_probe.recomputed)
-    out.update(flops.result())
-    return out
+    """One memory step of the manual loop on a model and optimizer its caller built: the probes' result."""
+    marks = MemoryStepMarks(layers)
+    memory_step(model, optimizer, batch, case.grad_accum, Amp(case), marks)
+    return marks.result()
+
+
+class StepSchedule:
+    """Which optimizer step is which (warm-up, memory, timed) and what runs around each: the clean steps'
+    probe (CUDA allocator peaks, window energy), the timer of the timed steps, an injected slowdown.
+
+    Every loop (:mod:`ckptbench.train.loops`) reports its steps here, so the steps mean the same whatever
+    loop ran them."""
+
+    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None):
+        t = case.train
+        self.warmup, self.memory, self.timed = t.warmup_steps, t.memory_steps, t.steps
+        self.total = self.warmup + self.memory + self.timed
+        self.fault = fault
+        self.marks = MemoryStepMarks(layers)
+        self.steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
+        self.timer = timer_for(device.type)
+        self.losses: list = []
+        self.mem: dict = {}
+        self._window: str | None = None
+        self.stats: StepStats | None = None
+
+    def kind(self, k: int) -> str:
+        return "warmup" if k < self.warmup else "memory" if k < self.warmup + self.memory else "timed"
+
+    def begin(self, k: int) -> None:
+        kind = self.kind(k)
+        if kind != self._window:
+            self._close()
+            self._window = kind
+            if kind != "memory":
+                self.steps.begin(kind)
+        if kind != "memory":
+            self.steps.before_step()
+        if kind == "timed":
+            self.timer.start()
+            self._t_step = time.perf_counter()
+
+    def end(self, k: int, loss) -> None:
+        kind = self.kind(k)
+        if kind == "timed":
+            fault = self.fault
+            if fault is not None and fault.kind == "slow":
+                time.sleep(fault.seconds)
+            if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
+                time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
+            self.timer.stop()
+        if kind == "memory":
+            self.mem = self.marks.result()
+        else:
+            self.steps.after_step()
+            self.losses.append(loss)
+
+    def _close(self) -> None:
+        if self._window == "timed":
+            self.stats = StepStats.of(self.timer.times())  # the window's one synchronise (CUDA)
+        if self._window in ("warmup", "timed"):
+            self.steps.end()
+
+    def finish(self) -> StepStats:
+        self._close()
+        self._window = None
+        return self.stats
 
 
 class Unsupported(Exception):
@@ -117,48 +138,33 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         if case.every_n_layers > 0 and not layers:
             raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
                               "cannot checkpoint it layer by layer")
+        refusal = precision_refusal(case)
+        if refusal:
+            raise Unsupported(refusal)
+        batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         try:
-            checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+            loop = loop_for(case, model, batch)
         except ValueError as exc:  # "... does not support gradient checkpointing"
             raise Unsupported(f"{type(model).__name__}: {exc}") from None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
-        batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
+        checkpointing_api = loop.checkpointing_api
         t_ready = time.time()
 
-        losses = []
-        steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
-        steps.begin("warmup")
-        for _ in range(case.train.warmup_steps):
-            steps.before_step()
-            losses.append(train_step(model, optimizer, batch, case.grad_accum))
-            steps.after_step()
-        steps.end()
-        mem: dict = {}
-        for _ in range(case.train.memory_steps):
-            mem = _memory_step(case, model, optimizer, batch, layers)
-        timer = timer_for(device.type)
-        steps.begin("timed")
-        for _ in range(case.train.steps):
-            steps.before_step()
-            timer.start()
-            t_step = time.perf_counter()
-            losses.append(train_step(model, optimizer, batch, case.grad_accum))
-            if fault is not None and fault.kind == "slow":
-                time.sleep(fault.seconds)
-            if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
-                time.sleep(fault.fraction * (time.perf_counter() - t_step))
-            timer.stop()
-            steps.after_step()
-        stats = StepStats.of(timer.times())  # the window's one synchronise (CUDA)
-        steps.end()
-        losses = [float(x) for x in losses]
+        schedule = StepSchedule(case, device, layers, fault)
+        loop.run(schedule)
+        stats = schedule.finish()
+        mem = schedule.mem
+        steps = schedule.steps
+        timer = schedule.timer
+        losses = [float(x) for x in schedule.losses]
 
     return {
         **mem,
         **steps.result(),
         **(flop_figures(case, stats.median_s, _device_name(device)) if case.model.analytic else
            {"flops_convention": f"no FLOP formula for model_type {case.model.family!r}: counted FLOPs only"}),
-        **({} if case.model.analytic else simulated_estimate(case)),
+        **({} if case.analytic else simulated_estimate(case)),
+        "precision": case.precision,
+        "loop": case.setup.loop,
         "checkpointing_api": checkpointing_api,
         "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
         "step_times_s": list(stats.times_s),

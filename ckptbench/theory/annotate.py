@@ -65,7 +65,7 @@ def annotate_record(case: Case, record: dict) -> None:
     if case.world_size > 1:
         est, checks = comm_checks(case, m)
         record["estimate"] = est
-    elif not case.model.analytic:
+    elif not case.analytic:
         checks = simulation_checks(case, m, Tolerances.for_device(case.device))
         sim = m.get("simulation")
         record["estimate"] = sim or {}

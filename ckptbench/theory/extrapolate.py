@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..spec import ModelSpec, checkpointed_layers
+from ..spec import ModelSpec, Setup, checkpointed_layers
 
 FIT_LAYERS = (3, 5)
 # Two depths fix any function of the depth; a third checks that it is affine: a 4-layer step, plain and
@@ -206,14 +206,16 @@ class Job:
     offload: bool
     device: str
     count_flops: bool
+    setup: Setup = Setup()
 
 
-def jobs(spec: ModelSpec, batch: int, seq: int, offload: bool, device: str, count_flops: bool) -> list[Job]:
+def jobs(spec: ModelSpec, batch: int, seq: int, offload: bool, device: str, count_flops: bool,
+         setup: Setup = Setup()) -> list[Job]:
     """Every fitting pattern of the few-layer models at (batch, seq), and the check steps; offload runs
     only where layers are checkpointed (a plain step offloads nothing)."""
     chosen = [(layers, n, c) for layers in FIT_LAYERS for n, c in patterns(layers)]
     chosen += [(CHECK_LAYERS, n, tuple(checkpointed_layers(CHECK_LAYERS, n))) for n in CHECK_EVERY]
-    return [Job(replace(spec, layers=layers), n, c, batch, seq, offload, device, count_flops)
+    return [Job(replace(spec, layers=layers), n, c, batch, seq, offload, device, count_flops, setup)
             for layers, n, c in chosen if n or not offload]
 
 
@@ -221,7 +223,7 @@ def run_job(job: Job, simulate: Callable | None = None) -> Observation:
     if simulate is None:
         from .simulate import simulate
     r = simulate(job.spec, job.batch, job.seq, job.every_n_layers, job.offload, device=job.device,
-                 count_flops=job.count_flops, trace=True)
+                 count_flops=job.count_flops, trace=True, setup=job.setup)
     flops = r.counted_flops
     hardware = flops["forward"] + flops["backward"] + flops["recompute"] if flops else None
     return Observation(job.spec.layers, frozenset(job.chosen), job.batch, job.seq, dict(r.moment_traces),
@@ -240,6 +242,7 @@ class Extrapolation:
     spec: ModelSpec
     seq: int
     device: str
+    setup: Setup = Setup()
     batched: dict = field(default_factory=dict)  # offload -> LayerFit (b >= 2, at seq)
     single: dict = field(default_factory=dict)  # offload -> LayerFit (b = 1, across lengths or at seq)
     across: dict = field(default_factory=dict)  # offload -> "" or why batch 1 is fitted at seq only
@@ -269,23 +272,23 @@ def seq_points(seq: int, max_positions: int) -> list[int]:
 
 
 def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True), across: bool = True,
-                  simulate: Callable | None = None, mapper: Callable = map) -> Extrapolation:
+                  simulate: Callable | None = None, mapper: Callable = map, setup: Setup = Setup()) -> Extrapolation:
     """Simulate the few-layer models and fit them.
 
     `simulate` defaults to the FakeTensor step; `mapper` runs the jobs (``map``, or a process pool's map:
     every simulation is independent).  FLOPs are counted at the asked length only, where step time is
     predicted.
     """
-    ex = Extrapolation(spec, seq, device)
+    ex = Extrapolation(spec, seq, device, setup)
     points = seq_points(seq, spec.max_positions) if across else []
     for off in offloads:
         ex.across[off] = "" if len(points) >= 4 else (
             f"too few sequence lengths below max_positions {spec.max_positions} to fit batch 1 across lengths"
             if across else "not fitted across sequence lengths")
     wanted = {(b, seq) for b in (1, 2, 3)} | {(1, s) for s in points}
-    todo = [j for off in offloads for b, s in sorted(wanted) for j in jobs(spec, b, s, off, device, s == seq)]
+    todo = [j for off in offloads for b, s in sorted(wanted) for j in jobs(spec, b, s, off, device, s == seq, setup)]
     if False not in offloads:  # an offload fit takes its plain patterns from the plain runs
-        todo += [j for b, s in sorted(wanted) for j in jobs(spec, b, s, False, device, s == seq)
+        todo += [j for b, s in sorted(wanted) for j in jobs(spec, b, s, False, device, s == seq, setup)
                  if not j.every_n_layers]
     run = functools.partial(run_job, simulate=simulate) if simulate else run_job
     done = dict(zip(todo, mapper(run, todo)))

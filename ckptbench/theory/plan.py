@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..spec import Case, TrainSpec, checkpointing_name
+from ..spec import Case, Setup, TrainSpec, checkpointing_name
 from .estimate import estimate_case
 from .extrapolate import NotAffine, patterns
 from .flops import hardware_flops_per_token, peak_flops
@@ -148,7 +148,8 @@ def step_seconds(case: Case, a: Assumptions, predict=None) -> tuple[float | None
     return seconds, (total - plain) / total
 
 
-def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None) -> list[Option]:
+def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None,
+         setup: Setup = Setup()) -> list[Option]:
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
@@ -159,7 +160,7 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
 
     def case(batch: int, s: int, n: int, off: bool) -> Case:
         return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
-                    device=a.device)
+                    device=a.device, setup=setup)
 
     options = []
     for n, off in strategies(model.layers):
@@ -199,9 +200,43 @@ def recommendation(options: list[Option]) -> str:
     return line
 
 
-def to_dict(options: list[Option], a: Assumptions, seq: int | None = None, model: str | None = None) -> dict:
+def nothing_fits(model, seq: int, a: Assumptions, predict, setup: Setup = Setup(),
+                 train: TrainSpec | None = None) -> str:
+    """Why no strategy fits, part by part, and what would change it.
+
+    The smallest step there is (every layer checkpointed, offloaded on a GPU, batch 1) against the budget:
+    its weights, their gradients and AdamW's two moments (each the weights' size: fp32 master weights in
+    mixed precision, the model's dtype in a pure one) and the activations on top."""
+    gib = 2**30
+    off = a.device == "cuda"
+    case = Case(model=model, train=train or TrainSpec(), batch_size=1, seq_len=seq, every_n_layers=1, offload=off,
+                device=a.device, setup=setup)
+    peak = predict.peak(case) + (predict.params_bytes(case) if a.world > 1 else 0)
+    weights = predict.params_bytes(case)
+    state = 4 * weights  # weights + gradients + exp_avg + exp_avg_sq
+    budget = a.memory_bytes - a.context_bytes
+    head = (f"nothing fits: even full checkpointing{'+offload' if off else ''} at batch 1 and seq {seq} peaks at "
+            f"{peak / gib:.1f} GiB ({a.needed(peak) / gib:.1f} GiB with the allocator's reserve and context) on "
+            f"{a.memory_bytes / gib:.1f} GiB. Weights {weights / gib:.1f} GiB + gradients {weights / gib:.1f} + "
+            f"AdamW state {2 * weights / gib:.1f} = {state / gib:.1f} GiB")
+    if state * (1 + a.reserved_margin) >= budget:
+        fixes = ["shard that state across ranks (FSDP: about 1/N of it per rank)",
+                 "train adapters instead (LoRA: the base frozen, gradients and AdamW state for the adapters only)",
+                 "a lighter optimizer (8-bit AdamW, Adafactor: far less than 2× the weights in state)"]
+        if setup.autocast == "" and model.dtype == "fp32":
+            fixes.append("pure bf16 weights halve all three (mixed precision does not: its master weights, "
+                         "gradients and state stay fp32)")
+        return f"{head} do not fit before a single activation: {'; '.join(fixes)}"
+    left = budget / (1 + a.reserved_margin) - state
+    return (f"{head} leave {left / gib:.1f} GiB, and the activations need {(peak - state) / gib:.1f} GiB: "
+            "a shorter sequence, offload, or sharding the state (FSDP) to make room")
+
+
+def to_dict(options: list[Option], a: Assumptions, seq: int | None = None, model: str | None = None,
+            why_nothing: str = "") -> dict:
     return {"model": model, "seq_len": seq, "assumptions": asdict(a), "options": [asdict(o) for o in options],
-            "recommendation": recommendation(options)}
+            "recommendation": why_nothing if why_nothing and not any(o.max_batch for o in options)
+            else recommendation(options)}
 
 
 def datasheet_peak(device_name: str | None, dtype: str) -> float | None:

@@ -28,9 +28,11 @@ import torch
 from ..measure.flops import FlopCounter
 from ..measure.saved import LayerProbe
 from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
-from ..spec import ModelSpec
+from ..spec import ModelSpec, Setup
 from ..train.checkpointing import decoder_layers, enable_checkpointing
 from ..train.models import build_model
+from ..train.precision import AUTOCAST_DTYPES
+from .loop_step import LoopStep
 
 
 @contextlib.contextmanager
@@ -100,7 +102,8 @@ def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
 
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False) -> SimResult:
+             lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False,
+             setup: Setup | None = None) -> SimResult:
     """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes.
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
@@ -158,14 +161,17 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         # to_empty gives each module's parameter its own storage, which unties a tied LM head from the
         # embedding (two V·h tensors where the real model has one): tie them again as transformers does
         model.tie_weights()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        around = LoopStep(setup)
+        optimizer = around.optimizer(model, lr)
         init_adamw_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
+        inputs, batch_tensors = around.inputs(ids)
 
         tr = LiveStorageTracker()
         tr.trace = trace
         track_training_state(tr, model, optimizer)
-        tr.track(ids, "activations")
+        for t in batch_tensors:
+            tr.track(t, "activations")
         params_bytes = tr.by_category["params"]
         optimizer_bytes = tr.by_category["optimizer"]
         grad_hooks = [p.register_post_accumulate_grad_hook(lambda p: tr.track(p.grad, "grads"))
@@ -173,20 +179,33 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         tr.phase = tr.moment = "forward"
         tr.reset_peak()
         flops = FlopCounter() if count_flops else _NoCount()
+        autocast = setup.autocast if setup else ""
+        scaler = torch.amp.GradScaler("cpu") if autocast == "fp16" else None
+        if scaler is not None:  # its scale and growth tracker exist from the warm-up steps, before the measured one
+            scaler.scale(torch.zeros(()))
+        cast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[autocast]) if autocast else contextlib.nullcontext())
         with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr, flops:
             in_forward[0] = True
-            loss = model(input_ids=ids, labels=ids).loss
+            with cast:
+                loss = around.loss(model(**inputs).loss)
             in_forward[0] = False
             after_forward = tr.total
             ckpt_bytes = sum(nbytes for _, nbytes in ckpt_inputs.values())
             tr.phase = tr.moment = "backward-head"
             flops.phase = "backward"
             probe.in_backward = True
-            loss.backward()
+            around.backward(loss, scaler)
+            held = around.before_optimizer(model, loss, scaler, optimizer)
             del loss
             tr.phase = tr.moment = flops.phase = "optimizer"
-            optimizer.step()
+            if scaler is not None:  # scaler.step(optimizer), whose check of found_inf (.item()) fake tensors
+                scaler.unscale_(optimizer)  # cannot run: the unscale it starts with, then the step it takes
+                optimizer.step()  # when nothing overflowed
+                scaler.update()
+            else:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            del held
         for h in grad_hooks + handles:
             h.remove()
     offloaded = ckpt_bytes if offload else 0

@@ -30,7 +30,7 @@ def simulate_case(case: Case, simulate: Callable) -> dict:
     t0 = time.perf_counter()
     try:
         result = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                          lr=case.train.lr, device=case.device)
+                          lr=case.train.lr, device=case.device, setup=case.setup)
     except Exception as exc:  # one bad point must not lose the others' predictions
         line.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:500])
         return line

@@ -43,6 +43,7 @@ from ..spec import SYNC_IMPLS, Case
 from .checkpointing import enable_checkpointing
 from .data import eval_steps, rank_data
 from .evaluate import averaged_held_out_loss
+from .loops import ACCELERATE_PRECISION
 from .models import build_model
 
 
@@ -169,7 +170,8 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
     if sync_impl not in SYNC_IMPLS:
         raise ValueError(f"sync_impl must be one of {SYNC_IMPLS}, got {sync_impl!r}")
     k = case.local_sgd_steps
-    accelerator = Accelerator(gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
+    accelerator = Accelerator(gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu",
+                              mixed_precision=ACCELERATE_PRECISION[case.setup.autocast])
     world = accelerator.num_processes
     # LocalSGD silently does nothing without a real process group: refuse to measure that.
     assert dist.is_initialized() and world == case.world_size > 1, (

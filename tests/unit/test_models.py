@@ -56,6 +56,23 @@ def test_quick_form_writes_its_suite_and_a_rerun_of_it_resumes(tmp_path):
     assert both.returncode == 2 and "give --suite FILE, or --model NAME" in both.stderr
 
 
+def test_quick_form_names_its_run_a_plain_directory_name_whatever_the_model_path(tmp_path, monkeypatch):
+    from ckptbench.cli.quick import run_name
+
+    here = tmp_path / "My Model (v2)"
+    here.mkdir()
+    (here / "config.json").write_text('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, '
+                                      '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256}')
+    monkeypatch.chdir(here)
+    assert [run_name(m) for m in (".", "../My Model (v2)/", "config.json", "org/Llama-3.1-8B", "llama-tiny",
+                                  "..", "x" * 200)] == [
+        "My_Model_v2-quick", "My_Model_v2-quick", "config.json-quick", "Llama-3.1-8B-quick", "llama-tiny-quick",
+        f"{tmp_path.name}-quick", "x" * 94 + "-quick"]
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--model", ".", "--seq", "16", "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_estimate_of_a_model_without_an_analytic_estimate_is_its_simulated_step():
     proc = subprocess.run([sys.executable, "-m", "ckptbench", "estimate", "--model", "mistral-7b", "--batch", "1",
                            "--seq", "1024", "--dtype", "bf16", "--every-n-layers", "1"],

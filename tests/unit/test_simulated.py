@@ -27,7 +27,7 @@ class _Result:
         return {"peak_bytes": self.peak}
 
 
-def _fake_simulate(spec, batch, seq, every_n_layers=0, offload=False, lr=1e-4, device="cpu"):
+def _fake_simulate(spec, batch, seq, every_n_layers=0, offload=False, lr=1e-4, device="cpu", setup=None):
     if batch == 2 and every_n_layers == 1:
         raise RuntimeError("boom")
     return _Result(1000 * batch + every_n_layers)

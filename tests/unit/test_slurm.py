@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -109,6 +110,48 @@ def test_the_shards_go_to_slurm_as_one_job_array_with_the_settings(tmp_path, fak
     with open(os.path.join(out, JOBS_DIR, MANIFEST)) as fh:
         (line,) = fh.read().splitlines()
     assert '"job_id": "4242_0", "shard": [1, 2]' in line and '"launcher": "slurm"' in line
+
+
+def test_setup_lines_do_not_run_under_the_local_launcher(tmp_path):
+    """[slurm] setup is for a Slurm job's script: a local job runs in this machine's shell as it is."""
+    marker = tmp_path / "setup-ran"
+    settings = SlurmSettings(setup=(f"touch {marker}",))
+    executor = make_executor("local", str(tmp_path / JOBS_DIR), settings, "ckptbench-six")
+    assert executor.submit(os.getpid).result() > 0
+    assert not marker.exists()
+
+
+ONE_POINT = """
+[suite]
+name = "one"
+
+[model]
+preset = "llama-tiny"
+attn = "eager"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+
+[sweep]
+batch_size = [1]
+seq_len = [16]
+
+[slurm]
+setup = ["{touch} {marker}", "{touch} {marker}-too"]
+"""
+
+
+@pytest.mark.e2e
+def test_a_local_sweep_says_once_that_it_ignores_setup_and_runs_none_of_it(tmp_path):
+    marker = tmp_path / "setup-ran"
+    path = tmp_path / "one.toml"
+    path.write_text(ONE_POINT.format(touch=shutil.which("touch"), marker=marker))  # the CLI's PATH has no touch
+    proc = _sweep_cli("--out", str(tmp_path / "run"), "--launcher", "local", path=str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists() and not os.path.exists(f"{marker}-too")
+    assert proc.stderr.count("[slurm] setup ignored under --launcher local") == 1
 
 
 def _sweep_cli(*args: str, path: str) -> subprocess.CompletedProcess:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import subprocess
 import sys
 
@@ -97,6 +99,13 @@ BAD = [
     ("inf timeout", {"suite": "timeout_s = inf"}, "suite.timeout_s", "finite"),
     ("inf budgets", {"suite": "budgets_gib = [inf]"}, "suite.budgets_gib", "positive numbers"),
     ("seq 1", {"sweep": "batch_size = [1]\nseq_len = [1]"}, "sweep.seq_len", ">= 2"),
+    # the name makes the default --out, results/<name>-<time>: nothing outside results/, nothing odd
+    *[(f"name {why}", {"suite": f"name = {toml}"}, "suite.name", "letters, digits")
+      for why, toml in [("parent", '"../../x"'), ("dot dot", '".."'), ("absolute", '"/tmp/x"'),
+                        ("separator", '"a/b"'), ("backslash", '"a\\\\b"'), ("newline", '"a\\nb"'),
+                        ("trailing newline", '"x\\n"'), ("nul", '"a\\u0000b"'), ("escape", '"a\\u001b[2Jb"'),
+                        ("tab", '"a\\tb"'), ("space", '"a b"'), ("hidden", '".x"'), ("empty", '""'),
+                        ("too long", f'"{"x" * 101}"')]],
 ]
 
 
@@ -108,6 +117,12 @@ def test_bad_suites_name_file_key_and_reason(name, tables, key, reason):
     assert err.value.key == key
     assert reason in err.value.reason
     assert str(err.value).startswith(f"bad.toml: {key}: ")
+
+
+def test_names_that_make_a_plain_directory_name_parse():
+    for name in ("gpu-8b", "a.b_c-1", "X" * 100):
+        assert parse_suite(suite_text(suite=f'name = "{name}"'), "x.toml").name == name
+    assert parse_suite(suite_text(), "dir/x.toml").name == "x"  # no name: the file's
 
 
 def test_invalid_toml():
@@ -152,6 +167,16 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, text, key):
     assert lines[0].startswith(f"error: {path}: {key}: ")
 
 
+def test_a_name_outside_results_is_refused_before_a_dry_run(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(suite_text(suite='name = "../../escaped"'))
+    proc = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(path), "--dry-run"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {path}: suite.name: must be 1 to 100 letters, digits")
+    assert len(proc.stderr.splitlines()) == 1 and proc.stdout == ""
+
+
 def test_dry_run_lists_cases_without_running(tmp_path, write_suite):
     path = write_suite()
     out = tmp_path / "never"
@@ -167,6 +192,8 @@ def test_shipped_suites_parse():
     cpu = load_suite("suites/cpu.toml")
     assert len(smoke.cases) == 5
     assert len(cpu.cases) >= 12
+    for path in glob.glob("suites/*.toml"):  # each named for its file, a name the rule above allows
+        assert load_suite(path).name == os.path.splitext(os.path.basename(path))[0]
 
 
 @pytest.mark.parametrize("flag,value", [("--timeout", "nan"), ("--timeout", "-1"), ("--max-minutes", "inf")])

@@ -1,0 +1,78 @@
+"""What a training loop does around the model in one step, as the simulation runs it.
+
+The three loops (:mod:`ckptbench.train.loops`) run the same model, but not the same step around it; the
+differences are real tensors, so the simulation runs them too, each the way its library does:
+
+- ``manual``: ``model(input_ids=x, labels=x).loss / grad_accum`` inside the forward (the undivided loss
+  is freed), ``backward``, one AdamW parameter group;
+- ``accelerate``: the loop keeps the model's loss and ``Accelerator.backward`` divides it by the
+  accumulation steps inside the backward: one fp32 scalar more through the whole backward and the
+  optimizer step;
+- ``trainer``: as ``accelerate``, and besides: the collator's ``labels`` is a tensor of its own (8·b·s
+  bytes beside ``input_ids``); the loss is summed and divided by ``num_items_in_batch`` (an fp32 tensor the
+  Trainer counts before the step, which the division saves for backward), then scaled in place by the number of processes (autograd keeps
+  one fp32 scalar more for that); the gradients are clipped to ``max_grad_norm`` (torch's
+  ``clip_grad_norm_``, which accelerate calls); AdamW gets two parameter groups, those with weight decay
+  and those without (transformers' own ``get_decay_parameter_names``); the step's loss and the clipped
+  gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
+  step); and because the single-tensor
+  AdamW frees a parameter's ``denom`` only when the next parameter's replaces it, the parameter before
+  the largest one *in its group* adds its size to the optimizer's peak.
+
+Gradient accumulation is not run here (one micro-batch), as in the rest of the simulation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..spec import Setup
+
+
+class LoopStep:
+    def __init__(self, setup: Setup | None = None):
+        self.loop = (setup or Setup()).loop
+
+    def optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+        if self.loop != "trainer":
+            return torch.optim.AdamW(model.parameters(), lr=lr)
+        from transformers import Trainer
+
+        decay = set(Trainer.get_decay_parameter_names(None, model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
+                  {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr)
+
+    def inputs(self, ids: torch.Tensor) -> tuple[dict, list[torch.Tensor]]:
+        """The model's keyword arguments, and the tensors of the batch that exist before the step."""
+        if self.loop != "trainer":
+            return {"input_ids": ids, "labels": ids}, [ids]
+        labels = ids.clone()
+        # the shifted labels' count, divided by the ranks sharing the batch: an fp32 tensor, as the Trainer has it
+        items = torch.tensor(ids.shape[0] * (ids.shape[1] - 1), dtype=torch.int64) / 1
+        running = torch.zeros((), dtype=torch.float32)  # the running loss the Trainer adds each step to
+        return {"input_ids": ids, "labels": labels, "num_items_in_batch": items}, [ids, labels, items, running]
+
+    def loss(self, output_loss: torch.Tensor) -> torch.Tensor:
+        """What the loop keeps of the forward.  Trainer's ``compute_loss`` scales the loss by the processes that
+        averaged the token count (``average_tokens_across_devices``), in place: one process here."""
+        if self.loop == "trainer":
+            output_loss *= 1
+        return output_loss
+
+    def backward(self, loss: torch.Tensor, scaler=None) -> None:
+        scaled = loss if self.loop == "manual" else loss / 1  # accelerate's division by the accumulation steps
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+    def before_optimizer(self, model: torch.nn.Module, loss: torch.Tensor, scaler=None, optimizer=None) -> list:
+        """What the loop still holds while the optimizer steps: Accelerate's loop its loss (the variable of
+        ``loss = model(...).loss``), the Trainer its step's loss and the gradient norm it clipped to (both
+        logged after the step); the manual loop nothing (its loss was divided in the forward and freed)."""
+        if self.loop == "manual":
+            return []
+        if self.loop == "accelerate":
+            return [loss]
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        return [loss.detach(), torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)]

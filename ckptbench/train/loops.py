@@ -1,0 +1,254 @@
+"""The training loops a point can run, each the way its users write it, all probed at the same moments.
+
+- ``manual``: the plain loop of :mod:`.step` (forward under autocast when mixed, backward, optimizer).
+- ``accelerate``: ``Accelerator(mixed_precision=..., gradient_accumulation_steps=...)``, ``prepare``,
+  ``accumulate``, ``backward``, the prepared optimizer's ``step`` and ``zero_grad``: the Accelerate course's
+  loop.  ``prepare`` wraps the model's forward in autocast and converts its outputs to fp32.
+- ``trainer``: a real ``transformers.Trainer.train()`` with the point's ``TrainingArguments``
+  (activation checkpointing with ``every_n_layers`` / ``offload``, gradient accumulation, bf16 / fp16,
+  ``adamw_torch``, a constant learning rate, no evaluation, saving or logging).  The probes hook in through
+  a ``TrainerCallback`` and by wrapping three of the instance's own methods, each still doing all it did:
+  ``compute_loss`` (the forward: the loss out, the model's outputs dropped, as the manual loop's
+  ``forward_loss``), ``accelerator.clip_grad_norm_`` (the backward is over) and ``get_batch_samples``
+  (the update step's batches, which the probe counts as it counts the manual loop's batch).
+
+Every loop runs ``warmup + memory + timed`` optimizer steps and reports each to a *schedule* (the worker's:
+``kind(k)``, ``begin(k)``, ``end(k, loss)``, and ``marks``, the memory step's probes, see
+:class:`ckptbench.run.memory_step.MemoryStepMarks`).  The loop decides nothing about measuring.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from ..spec import Case
+from .checkpointing import enable_checkpointing
+from .precision import Amp
+from .step import forward_loss, train_step
+
+
+def memory_step(model, optimizer, batch, grad_accum: int, amp: Amp, marks) -> None:
+    """The manual loop's step with the memory step's marks called between its parts.  Its loss is not
+    kept (a memory step's loss is not reported), so nothing the meters add outlives the backward."""
+    marks.start(model, optimizer, [batch])
+    try:
+        for _ in range(grad_accum):
+            marks.forward_begin()
+            loss = forward_loss(model, batch, grad_accum, amp)
+            marks.forward_end()
+            amp.backward(loss)
+            marks.backward_end()
+            del loss
+        marks.optimizer_begin()
+        amp.step(optimizer)
+    finally:
+        marks.stop()
+    optimizer.zero_grad(set_to_none=True)
+
+
+class ManualLoop:
+    """The plain loop; the memory step is the same step with the marks called between its parts."""
+
+    name = "manual"
+
+    def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
+        self.case, self.model, self.batch = case, model, batch
+        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        self.amp = Amp(case)
+
+    def run(self, schedule) -> None:
+        for k in range(schedule.total):
+            schedule.begin(k)
+            if schedule.kind(k) == "memory":
+                loss = memory_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp,
+                                   schedule.marks)
+            else:
+                loss = train_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp)
+            schedule.end(k, loss)
+
+ACCELERATE_PRECISION = {"": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+def precision_refusal(case: Case) -> str | None:
+    """Why this point's precision is not run as asked here, or None.
+
+    fp16 mixed precision on CPU: Accelerate (and so Trainer) neither autocasts nor scales there
+    (``Accelerator(mixed_precision='fp16', cpu=True).native_amp`` is False: the point would silently train
+    in fp32), and the manual loop's CPU fp16 matmuls convert through fp32 scratch buffers below torch's
+    dispatcher, which the exact tracker cannot see (the allocator meter saw 25,728 B more than the tracker
+    on llama-tiny at batch 2, seq 32): no loop would be measured as it is meant to be.
+    """
+    if case.setup.autocast == "fp16" and case.device == "cpu":
+        return ("fp16 mixed precision is not run on CPU: accelerate and Trainer do not autocast or scale fp16 "
+                "there (the point would silently train in fp32), and CPU fp16 matmuls use scratch buffers the "
+                "exact memory tracker cannot see; bf16-mixed runs on CPU, fp16-mixed on CUDA")
+    return None
+
+
+class AccelerateLoop:
+    """The Accelerate course's loop on one process."""
+
+    name = "accelerate"
+
+    def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
+        from accelerate import Accelerator
+
+        self.case, self.batch = case, batch
+        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        self.accelerator = Accelerator(mixed_precision=ACCELERATE_PRECISION[case.setup.autocast],
+                                       gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+
+    def _micro(self, marks=None) -> torch.Tensor:
+        acc = self.accelerator
+        with acc.accumulate(self.model):
+            if marks:
+                marks.forward_begin()
+            loss = self.model(input_ids=self.batch, labels=self.batch).loss
+            if marks:
+                marks.forward_end()
+            acc.backward(loss)
+            if marks:
+                marks.backward_end()
+                if acc.sync_gradients:
+                    marks.optimizer_begin()
+            self.optimizer.step()
+            if marks and acc.sync_gradients:
+                marks.stop()
+            self.optimizer.zero_grad()
+        return loss.detach()
+
+    def run(self, schedule) -> None:
+        for k in range(schedule.total):
+            schedule.begin(k)
+            marks = schedule.marks if schedule.kind(k) == "memory" else None
+            if marks:
+                marks.start(self.model, self.optimizer.optimizer, [self.batch])
+            try:
+                losses = [self._micro(marks) for _ in range(self.case.grad_accum)]
+            finally:
+                if marks:
+                    marks.stop()
+            schedule.end(k, sum(losses) / len(losses))
+
+
+class _Rows(torch.utils.data.Dataset):
+    """The point's token rows, as a dataset of ``{input_ids, labels}`` (what a causal-LM collator gives)."""
+
+    def __init__(self, batch: torch.Tensor, length: int):
+        self.rows = batch.cpu()
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        row = self.rows[i % len(self.rows)]
+        return {"input_ids": row, "labels": row}
+
+
+def training_arguments(case: Case, output_dir: str, max_steps: int):
+    """The ``TrainingArguments`` a user writes for this point (only what ckptbench must fix is set)."""
+    from transformers import TrainingArguments
+
+    n, mixed = case.every_n_layers, case.setup.autocast
+    return TrainingArguments(
+        output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=case.batch_size,
+        gradient_accumulation_steps=case.grad_accum, learning_rate=case.train.lr, lr_scheduler_type="constant",
+        optim="adamw_torch", bf16=mixed == "bf16", fp16=mixed == "fp16", seed=case.train.seed,
+        activation_checkpointing=n > 0,
+        activation_checkpointing_kwargs={"use_reentrant": False, "every_n_layers": n, "offload": case.offload}
+        if n > 0 else None,
+        use_cpu=case.device == "cpu", eval_strategy="no", save_strategy="no", logging_strategy="no",
+        report_to="none", disable_tqdm=True, dataloader_pin_memory=False, dataloader_num_workers=0,
+    )
+
+
+class TrainerLoop:
+    """``Trainer.train()`` for ``warmup + memory + timed`` steps, probed through a callback and hooks."""
+
+    name = "trainer"
+
+    def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
+        self.case, self.model, self.batch = case, model, batch
+        self.checkpointing_api = "activation_checkpointing_enable" if case.every_n_layers > 0 else None
+
+    def run(self, schedule) -> None:
+        from transformers import Trainer, TrainerCallback
+
+        case = self.case
+        rows = schedule.total * case.grad_accum * case.batch_size
+        loop = self
+        fetched: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []
+
+        class Probes(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                k = state.global_step
+                losses.clear()
+                schedule.begin(k)
+                if schedule.kind(k) == "memory":
+                    optimizer = kw["optimizer"]
+                    schedule.marks.start(kw["model"], getattr(optimizer, "optimizer", optimizer), list(fetched))
+
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                if schedule.marks.active:
+                    schedule.marks.optimizer_begin()
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                schedule.marks.stop()
+
+            def on_step_end(self, args, state, control, **kw):
+                schedule.end(state.global_step - 1, sum(float(x) for x in losses) / case.grad_accum if losses else None)
+
+        with tempfile.TemporaryDirectory(prefix="ckptbench-trainer-") as out:
+            trainer = Trainer(model=self.model, args=training_arguments(case, out, schedule.total),
+                              train_dataset=_Rows(self.batch, rows), callbacks=[Probes()])
+            original_fetch, original_clip = trainer.get_batch_samples, trainer.accelerator.clip_grad_norm_
+            original_loss = trainer.compute_loss
+
+            def compute_loss(*args, **kwargs):  # the forward, as the manual loop's: loss out, outputs dropped
+                marks = schedule.marks
+                if marks.active:
+                    marks.forward_begin()
+                loss = original_loss(*args, **kwargs)
+                losses.append(loss.detach())  # a view: the meter allocates nothing in the step
+                if marks.active:
+                    marks.forward_end()
+                return loss
+
+            def get_batch_samples(*args, **kwargs):
+                samples, items = original_fetch(*args, **kwargs)
+                fetched[:] = [t for s in samples for t in s.values() if isinstance(t, torch.Tensor)]
+                if isinstance(items, torch.Tensor):  # the token count the loss is divided by, also made here
+                    fetched.append(items)
+                running = getattr(trainer, "_tr_loss", None)  # the running loss, made before the first step
+                if isinstance(running, torch.Tensor):
+                    fetched.append(running)
+                return samples, items
+
+            def clip_grad_norm_(*args, **kwargs):  # the backward is over once the gradients are clipped
+                if schedule.marks.active:
+                    schedule.marks.backward_end()
+                    schedule.marks.probe.set_phase("grad-clip")
+                return original_clip(*args, **kwargs)
+
+            trainer.get_batch_samples = get_batch_samples
+            trainer.compute_loss = compute_loss
+            trainer.accelerator.clip_grad_norm_ = clip_grad_norm_
+            try:
+                trainer.train()
+            finally:
+                schedule.marks.stop()
+            loop.model = trainer.model
+
+
+LOOPS = {"manual": ManualLoop, "accelerate": AccelerateLoop, "trainer": TrainerLoop}
+
+
+def loop_for(case: Case, model: torch.nn.Module, batch: torch.Tensor):
+    return LOOPS[case.setup.loop](case, model, batch)
