@@ -3,34 +3,50 @@
 A suite's ``[model]`` may say ``config = "path"``, ``hub = "org/name"`` or ``model_type = "mistral"`` (plus
 dimensions); any of them takes dimension overrides on top (``layers = 2``) and free config keys under
 ``extra``.  The dimensions are read under every name transformers' configs use for them (``hidden_size``,
-``n_embd``, ``d_model`` ...); every other key goes to ``AutoConfig.for_model`` as it is, so the model that
-runs is the user's architecture, shrunk where they asked.  Only ``config.json`` is ever fetched for a hub
-name, never weights.
+``n_embd``, ``d_model`` ...), and written back under the one the model type's config class reads (falcon's
+``num_kv_heads`` and ``ffn_hidden_size``, gpt2's ``n_inner``); every other key goes to
+``AutoConfig.for_model`` as it is, with per-layer lists (``layer_types`` ...) cut to the depth asked for, so
+the model that runs is the user's architecture, shrunk where they asked.  What transformers would refuse
+or ignore (a key no config class reads, a size no key holds) is refused when the suite is read.  Only
+``config.json`` is ever fetched for a hub name, never weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from .spec import FAMILIES, canonical_config
+from .spec import FAMILIES, ModelSpec, canonical_config
 
-# ModelSpec field -> config.json names, first found wins
+# ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension
+# under one of them (:func:`config_keys`); the others are aliases it does not know.
 DIM_NAMES = {
-    "hidden": ("hidden_size", "n_embd", "d_model"),
-    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "heads": ("num_attention_heads", "n_head", "num_heads"),
+    "hidden": ("hidden_size", "n_embd", "d_model", "n_embed"),
+    "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads"),
     "intermediate": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "vocab": ("vocab_size",),
-    "max_positions": ("max_position_embeddings", "n_positions", "seq_length"),
+    "max_positions": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"),
 }
+DIM_ALIASES = frozenset(name for names in DIM_NAMES.values() for name in names)
+DIM_WORDS = {"hidden": "hidden size", "layers": "layer count", "heads": "attention head count",
+             "kv_heads": "key/value head count", "intermediate": "MLP width", "vocab": "vocabulary size",
+             "max_positions": "position count"}
 # Keys that describe the file, not the model.
 DROPPED = ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "auto_map",
            "quantization_config", "model_type", "tie_word_embeddings", "use_cache")
+# Keys a suite's [model] extra cannot set: a [model] field of ckptbench says them (None: the builder does).
+RESERVED = {"tie_word_embeddings": "tie_embeddings", "torch_dtype": "dtype", "dtype": "dtype",
+            "model_type": "model_type", "use_cache": None}
+# Lists with one entry per decoder layer, and lists of decoder-layer indices (configs saved by transformers 5)
+PER_LAYER_KEYS = ("layer_types", "mlp_layer_types", "no_rope_layers")
+LAYER_INDEX_KEYS = ("mlp_only_layers", "moe_layers")
 
 
 # The model types with an analytic estimate are built as LlamaForCausalLM, Qwen2ForCausalLM and
@@ -80,40 +96,89 @@ def hub_config(name: str) -> dict:
                           "is reachable, or point model.config at a copy of the file") from None
 
 
-def _class_default_tie(model_type: str) -> bool:
-    """Whether `model_type`'s config class ties the LM head when config.json does not say."""
-    from transformers import CONFIG_MAPPING
+def _class_values(model_type: str, config: dict) -> dict:
+    """What `model_type`'s config class makes of `config`: tying, and each dimension config.json may leave out
+    (a llama without intermediate_size has the class's, a falcon without num_kv_heads one per query head)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     try:
-        return bool(CONFIG_MAPPING[model_type]().tie_word_embeddings)
+        CONFIG_MAPPING[model_type]
     except KeyError:
         raise ConfigError(f"transformers knows no model_type {model_type!r}") from None
+    try:
+        cfg = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+    except Exception as exc:  # a strict config class's validation
+        raise ConfigError(f"transformers refuses this {model_type} config: {error_line(exc)}") from None
+    out = {"tie_embeddings": bool(cfg.tie_word_embeddings)}
+    for field, names in DIM_NAMES.items():
+        found = (getattr(cfg, name, None) for name in names)
+        out[field] = next((int(v) for v in found if isinstance(v, int) and not isinstance(v, bool)), None)
+    return out
+
+
+def error_line(exc: BaseException) -> str:
+    """The line of an exception that says what is wrong (huggingface_hub's validation errors wrap it)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def spec_values(config: dict) -> dict:
-    """ModelSpec fields from a config dict: family (model_type), dimensions, tying, and the rest as extra."""
+    """ModelSpec fields from a config dict: family (model_type), dimensions, tying, and the rest as extra.
+
+    A dimension the file leaves out is what its config class makes of the file, so the model built from the
+    fields is the one transformers builds from the file."""
     model_type = config["model_type"]
     values: dict = {"family": model_type}
-    used = set(DROPPED)
     for field, names in DIM_NAMES.items():
         for name in names:
             if config.get(name) is not None:
                 values[field] = int(config[name])
-                used.add(name)
                 break
-    used.update(n for names in DIM_NAMES.values() for n in names)
     if "hidden" not in values or "layers" not in values or "heads" not in values or "vocab" not in values:
         raise ConfigError(f"model_type {model_type!r}: the config gives no hidden size, layer count, head "
                           "count or vocabulary size under a name ckptbench reads")
-    values.setdefault("kv_heads", 1 if config.get("multi_query") else values["heads"])
-    values.setdefault("intermediate", 4 * values["hidden"])
-    values.setdefault("max_positions", 2048)
+    resolved = _class_values(model_type, config)
+    values.setdefault("kv_heads", resolved["kv_heads"] or values["heads"])
+    if "intermediate" not in values:  # a width no key holds: what the model makes (4 x hidden, or MPT's ratio)
+        ratio = config.get("expansion_ratio")
+        values["intermediate"] = resolved["intermediate"] or int((ratio or 4) * values["hidden"])
+    values.setdefault("max_positions", resolved["max_positions"] or 2048)
     tie = config.get("tie_word_embeddings")
-    values["tie_embeddings"] = bool(tie) if tie is not None else _class_default_tie(model_type)
-    extra = {k: v for k, v in config.items() if k not in used}
+    values["tie_embeddings"] = bool(tie) if tie is not None else resolved["tie_embeddings"]
+    extra = {k: v for k, v in config.items() if k not in DROPPED and k not in DIM_ALIASES}
     values["config"] = canonical_config(extra)
     return values
 
+
+def at_depth(extra: dict, layers: int) -> dict:
+    """`extra` for a model of `layers` decoder layers: per-layer lists keep their first `layers` entries, lists
+    of layer indices the indices below it.  A per-layer list shorter than that cannot be extended (its pattern
+    is the model's own): ConfigError naming it."""
+    out = dict(extra)
+    for key in PER_LAYER_KEYS:
+        value = out.get(key)
+        if isinstance(value, list):
+            if len(value) < layers:
+                raise ConfigError(f"{key} lists {len(value)} layers, fewer than the {layers} asked for: a per-layer "
+                                  "list is cut to a smaller depth, never extended")
+            out[key] = value[:layers]
+    for key in LAYER_INDEX_KEYS:
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = [i for i in value if not isinstance(i, int) or i < layers]
+    return out
+
+
+def extra_problem(extra: dict) -> tuple[str, str] | None:
+    """(key, reason) for a key a suite's [model] extra cannot set: a dimension or a [model] field says it."""
+    for key in extra:
+        field = next((f for f, names in DIM_NAMES.items() if key in names), None)
+        if field is not None:
+            return key, f"is the model's {DIM_WORDS[field]}: set model.{field} instead"
+        if key in RESERVED:
+            return key, (f"set model.{RESERVED[key]} instead" if RESERVED[key] else
+                         "ckptbench sets it (no KV cache while training)")
+    return None
 
 
 def default_attention(model_type: str, device: str, dtype: str, supports_sdpa: bool) -> tuple[str, str]:
@@ -139,24 +204,60 @@ class ModelClass:
 
     known: bool  # AutoModelForCausalLM can build it
     supports_sdpa: bool  # the class declares sdpa support (what from_config then picks by default)
+    # ModelSpec dimension -> the config key the model type's config class reads it from (None: no key does)
+    dim_keys: dict = dataclasses.field(default_factory=dict)
 
 
+# The analytic families' keys, answered without a child (tests/unit/test_model_configs.py asks transformers)
+_STANDARD_KEYS = {field: names[0] for field, names in DIM_NAMES.items()}
+ANALYTIC_DIM_KEYS = {
+    "llama": _STANDARD_KEYS,
+    "qwen2": _STANDARD_KEYS,
+    "gpt2": {**_STANDARD_KEYS, "kv_heads": None, "intermediate": "n_inner"},
+}
+
+
+@functools.cache
 def model_class(model_type: str) -> ModelClass:
     """Asked of transformers in a child interpreter: the classes' modules import torch, and a sweep's parent
     never does.  The analytic families are answered here (their classes are imported by every worker and
     checked by tests/unit/test_suite.py)."""
     if model_type in SDPA_FAMILIES:
-        return ModelClass(known=True, supports_sdpa=True)
+        return ModelClass(known=True, supports_sdpa=True, dim_keys=ANALYTIC_DIM_KEYS[model_type])
+    return ModelClass(**_ask(["model-class", model_type], f"model_type {model_type!r}"))
+
+
+def _ask(args: list[str], what: str) -> dict:
+    """The JSON answer of ``python -m ckptbench.configs ARGS`` (a child interpreter, so torch stays out)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "ckptbench.configs", "model-class", model_type],
+        proc = subprocess.run([sys.executable, "-m", "ckptbench.configs", *args],
                               capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"could not ask transformers about model_type {model_type!r}: {exc}") from None
+        raise ConfigError(f"could not ask transformers about {what}: {exc}") from None
     try:
-        return ModelClass(**json.loads(proc.stdout))
-    except (json.JSONDecodeError, TypeError):
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"could not ask transformers about model_type {model_type!r}: {last}") from None
+        raise ConfigError(f"could not ask transformers about {what}: {last}") from None
+
+
+@functools.cache
+def config_keys(model_type: str) -> dict:
+    """ModelSpec dimension -> the first of its names (:data:`DIM_NAMES`) that `model_type`'s config class
+    declares (a field or an ``attribute_map`` alias), or None where it declares none (gpt2 has no key/value
+    head count; MPT's MLP width is ``expansion_ratio`` times the hidden size)."""
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        raise ConfigError(f"transformers knows no model_type {model_type!r}") from None
+    declared = ({f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls)
+                else set(inspect.signature(cls.__init__).parameters))
+    declared |= set(getattr(cls, "attribute_map", {}))
+    return {field: next((n for n in names if n in declared), None) for field, names in DIM_NAMES.items()}
 
 
 def model_class_here(model_type: str) -> ModelClass:
@@ -167,8 +268,64 @@ def model_class_here(model_type: str) -> ModelClass:
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if name is None:
         return ModelClass(known=False, supports_sdpa=False)
-    return ModelClass(known=True, supports_sdpa=bool(getattr(getattr(transformers, name), "_supports_sdpa", False)))
+    return ModelClass(known=True, supports_sdpa=bool(getattr(getattr(transformers, name), "_supports_sdpa", False)),
+                      dim_keys=config_keys(model_type))
+
+
+def build_problem(spec: ModelSpec, requested: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """(key, reason) when transformers would not build `spec` as asked, else None; asked in a child
+    interpreter, which builds the model on the meta device exactly as a worker will.  `requested` are the
+    keys a suite's [model] extra set: one the config class neither declares nor its model reads would be
+    kept and ignored by transformers, so it is named here instead.  The key is ``extra.NAME`` for such a key
+    (or one the refusal names), "" when the refusal is the config's as a whole."""
+    answer = _ask(["build-check", json.dumps({"spec": asdict(spec), "requested": list(requested)})],
+                  f"model_type {spec.family!r}")
+    return (answer["key"], answer["reason"]) if answer.get("reason") else None
+
+
+def ignored_keys(model_type: str, keys) -> list[str]:
+    """Which of `keys` transformers would keep on the config and never read: not a field or alias of the
+    config class (or of every config), not consumed by its rope handling, and named nowhere in the modules
+    of the config and of the causal-LM class (qwen2 reads ``head_dim`` from the config without declaring it)."""
+    import inspect
+    import re
+
+    import transformers
+    from transformers import CONFIG_MAPPING, PretrainedConfig, modeling_rope_utils
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = CONFIG_MAPPING[model_type]
+    known = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    known |= set(getattr(cls, "attribute_map", {})) | {f.name for f in dataclasses.fields(PretrainedConfig)}
+    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    sources = "\n".join(inspect.getsource(m) for m in (sys.modules[cls.__module__], sys.modules[model.__module__],
+                                                          modeling_rope_utils))
+    return [k for k in keys if k not in known and not re.search(rf"\b{re.escape(k)}\b", sources)]
+
+
+def build_problem_here(spec: ModelSpec, requested: list[str]) -> tuple[str, str] | None:
+    """The child's answer to :func:`build_problem`."""
+    import torch
+
+    from .train.models import build_model
+
+    ignored = ignored_keys(spec.family, requested)
+    if ignored:
+        return f"extra.{ignored[0]}", (f"model_type {spec.family!r} has no config key {ignored[0]!r}: transformers "
+                                       "would keep it and build the model without it")
+    try:
+        with torch.device("meta"):
+            build_model(spec, "meta")
+    except Exception as exc:
+        named = [k for k in requested if k in str(exc)]  # a [model] extra key the message names
+        return f"extra.{named[0]}" if named else "", (
+            f"transformers cannot build this {spec.family} model: {type(exc).__name__}: {error_line(exc)}"[:400])
+    return None
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["model-class"]:
     print(json.dumps(asdict(model_class_here(sys.argv[2]))))
+if __name__ == "__main__" and sys.argv[1:2] == ["build-check"]:
+    request = json.loads(sys.argv[2])
+    problem = build_problem_here(ModelSpec(**request["spec"]), request["requested"])
+    print(json.dumps({"key": problem[0], "reason": problem[1]} if problem else {}))

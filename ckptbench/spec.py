@@ -13,15 +13,24 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
-# Config keys that change no tensor's shape or count: a hub config of an analytic family that sets only
-# these (and its dimensions) is still estimated analytically.
+# Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
+# analytic family that sets only these (and its dimensions) is still estimated analytically.  Dropout keys
+# are here because the builder turns dropout off.
 SHAPE_NEUTRAL_KEYS = frozenset({
     "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "layer_norm_epsilon", "initializer_range",
     "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "architectures", "transformers_version",
-    "attention_bias", "mlp_bias", "pretraining_tp", "head_dim", "hidden_act", "activation_function",
-    "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache", "model_type", "tie_word_embeddings",
-    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "bos_token", "eos_token",
+    "pretraining_tp", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "use_cache", "model_type",
+    "tie_word_embeddings", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "bos_token",
+    "eos_token",
 })
+# Keys that change parameters or saved activations, neutral only at the value the analytic estimate models
+# (the config class's default; tests/unit/test_model_configs.py asks transformers): a llama with biases or
+# a gelu MLP is another model, estimated by its simulation.
+ANALYTIC_DEFAULTS: dict[str, dict] = {
+    "llama": {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
+    "qwen2": {"hidden_act": "silu"},
+    "gpt2": {"activation_function": "gelu_new"},
+}
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # precision name -> (parameter dtype, autocast dtype): pure precisions keep every tensor in one dtype; the
 # mixed ones are what Trainer(bf16=True / fp16=True) and Accelerator(mixed_precision=...) run: fp32 master
@@ -71,9 +80,11 @@ class ModelSpec:
         if self.family not in FAMILIES:
             return False
         extra = self.config_extra
-        if self.family == "llama" and extra.get("head_dim") not in (None, self.hidden // self.heads):
+        if extra.get("head_dim") not in (None, self.hidden // self.heads):  # llama and qwen2 read it
             return False
-        return set(extra) <= SHAPE_NEUTRAL_KEYS
+        modelled = ANALYTIC_DEFAULTS[self.family]
+        return all(key in SHAPE_NEUTRAL_KEYS or (key in modelled and value == modelled[key])
+                   for key, value in extra.items() if key != "head_dim")
 
     @property
     def head_dim(self) -> int:

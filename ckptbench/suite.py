@@ -21,7 +21,18 @@ from dataclasses import asdict, fields, replace
 
 import tomllib
 
-from .configs import ConfigError, default_attention, hub_config, model_class, read_config_file, spec_values
+from .configs import (
+    DIM_WORDS,
+    ConfigError,
+    at_depth,
+    build_problem,
+    default_attention,
+    extra_problem,
+    hub_config,
+    model_class,
+    read_config_file,
+    spec_values,
+)
 from .corpus import CorpusError, check_available
 from .env import torchrun_path
 from .spec import (
@@ -30,6 +41,7 @@ from .spec import (
     DATA_SOURCES,
     DEVICES,
     DTYPES,
+    FAMILIES,
     LOOPS,
     PRECISIONS,
     PRESETS,
@@ -155,14 +167,24 @@ def _source(ck: _Checker, table: dict) -> dict:
         except ConfigError as exc:
             ck.fail(f"model.{key}", str(exc))
     family = table.get("model_type", table.get("family"))
-    needed = [k for k in MODEL_DIMS if k not in ("kv_heads", "max_positions")]  # kv_heads defaults to heads
-    missing = [k for k in needed if k not in table]
-    if family is None or missing:
-        ck.fail(f"model.{'family' if family is None else missing[0]}",
-                "missing: give model.preset, model.config, model.hub, or model_type and the dimensions "
-                f"({', '.join(needed)})")
-    return {"family": family, "name": table.get("label", ""), "max_positions": 2048,
-            "kv_heads": table.get("kv_heads", table.get("heads"))}
+    if family is None:
+        ck.fail("model.family", "missing: give model.preset, model.config, model.hub, or model_type and the "
+                f"dimensions ({', '.join(NEEDED)})")
+    return {"family": family, "name": table.get("label", ""), "max_positions": 2048}
+
+
+NEEDED = [k for k in MODEL_DIMS if k not in ("kv_heads", "max_positions")]  # kv_heads defaults to heads
+
+
+def _given_dims(ck: _Checker, table: dict, values: dict, cls) -> None:
+    """A model_type source's dimensions: each one its config class has a key for must be given; one it has
+    none for (gpt2's key/value heads, MPT's MLP width) is what the model makes of the others."""
+    missing = [k for k in NEEDED if k not in table and cls.dim_keys.get(k) is not None]
+    if missing:
+        ck.fail(f"model.{missing[0]}", "missing: give model.preset, model.config, model.hub, or model_type and "
+                f"the dimensions ({', '.join(k for k in NEEDED if cls.dim_keys.get(k) is not None)})")
+    values.setdefault("kv_heads", table.get("kv_heads", table["heads"]))
+    values.setdefault("intermediate", 4 * table["hidden"])
 
 
 def _near(suite_path: str, path: str) -> str:
@@ -183,22 +205,31 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
     """The model, when the suite names no attention which one transformers' default gives and why, and the
     precisions the points run in (the sweep's axis, else the model's precision or dtype)."""
     values = _source(ck, table)
+    source = dict(values)
     for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
         if key in table and not (key == "family" and "preset" not in table and "model_type" in table):
             values[key] = table[key]
     if "model_type" in table and "preset" in table:
         values["family"] = table["model_type"]
-    if "extra" in table:
-        values["config"] = canonical_config({**json.loads(values.get("config") or "{}"), **table["extra"]})
+    problem = extra_problem(table.get("extra", {}))
+    if problem:
+        ck.fail(f"model.extra.{problem[0]}", problem[1])
+    extra = {**json.loads(values.get("config") or "{}"), **table.get("extra", {})}
     if "label" in table:
         values["name"] = table["label"]
+    family_key = "model.model_type" if "model_type" in table else "model.family"
     try:
         cls = model_class(values["family"])
     except ConfigError as exc:
-        ck.fail("model.model_type" if "model_type" in table else "model.family", str(exc))
+        ck.fail(family_key, str(exc))
     if not cls.known:
-        ck.fail("model.model_type" if "model_type" in table else "model.family",
-                f"transformers knows no causal LM of model_type {values['family']!r}")
+        ck.fail(family_key, f"transformers knows no causal LM of model_type {values['family']!r}")
+    if "hidden" not in source:  # a model_type with its dimensions
+        _given_dims(ck, table, values, cls)
+    try:  # per-layer lists (layer_types ...) follow the depth
+        values["config"] = canonical_config(at_depth(extra, values["layers"]))
+    except ConfigError as exc:
+        ck.fail("model.layers", str(exc))
     if values.get("dtype", "fp32") not in DTYPES:
         ck.fail("model.dtype", f"unknown dtype {values['dtype']!r}; known: {', '.join(DTYPES)} (mixed "
                 "precision: model.precision)")
@@ -223,9 +254,24 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
         ck.fail("model.heads", f"heads={values['heads']} does not divide hidden={values['hidden']}")
     if values["heads"] % values["kv_heads"]:
         ck.fail("model.kv_heads", f"kv_heads={values['kv_heads']} does not divide heads={values['heads']}")
-    if values["family"] == "gpt2" and not values.get("config") and values["kv_heads"] != values["heads"]:
-        ck.fail("model.kv_heads", "gpt2 has no grouped-query attention: kv_heads must equal heads")
-    return ModelSpec(**values), attn_note, precisions
+    for dim in MODEL_DIMS:  # a size no config key holds cannot reach the model
+        if cls.dim_keys.get(dim) is not None or dim not in table:
+            continue
+        has = source.get(dim, values["heads"] if dim == "kv_heads" else None)
+        if table[dim] != has:
+            ck.fail(f"model.{dim}", f"model_type {values['family']!r} has no config key for the {DIM_WORDS[dim]}, "
+                    f"so {table[dim]} would not reach the model" + (f" (it has {has})" if has else "")
+                    + f"; leave model.{dim} out")
+    spec = ModelSpec(**values)
+    if spec.config or spec.family not in FAMILIES:  # what transformers would refuse, refused here
+        try:
+            problem = build_problem(spec, tuple(table.get("extra", {})))
+        except ConfigError as exc:
+            ck.fail(family_key, str(exc))
+        if problem:
+            source_key = next((k for k in MODEL_SOURCES if k in table), "family")
+            ck.fail(f"model.{problem[0] or source_key}", problem[1])
+    return spec, attn_note, precisions
 
 
 def _train(ck: _Checker, table: dict) -> TrainSpec:

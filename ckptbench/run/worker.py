@@ -27,6 +27,7 @@ from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step, precision_refusal
 from ..train.models import build_model, synthetic_batch
 from ..train.precision import Amp
+from ..train.reference import reference
 from .faults import Fault
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
@@ -184,6 +185,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "n_params": sum(p.numel() for p in model.parameters()),
         # every key the model was built with, defaults included, through transformers' own serialiser
         "resolved_config": json.loads(model.config.to_json_string(use_diff=False)),
+        # the config the Case asks for and its parameter count, built apart from the builder (meta device)
+        **reference(case.model),
         "threads": torch.get_num_threads(),
     }
 

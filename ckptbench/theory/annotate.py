@@ -12,6 +12,7 @@ from .checks import (
     attention_implementation_check,
     check,
     comm_checks,
+    config_checks,
     gates,
     judge,
     same_layers,
@@ -78,7 +79,7 @@ def annotate_record(case: Case, record: dict) -> None:
         record["estimate_source"] = "analytic"
         checks = check(case, m, est_obj)
     if case.world_size == 1:
-        checks = [*checks, attention_implementation_check(case, m)]
+        checks = [*checks, attention_implementation_check(case, m), *config_checks(m)]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = gates(m)
     if case.world_size == 1:

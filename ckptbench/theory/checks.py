@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ..configs import DIM_ALIASES
 from ..spec import DTYPES, Case
 from . import flops
 from .comm import comm_estimate
@@ -144,6 +145,66 @@ def attention_implementation_check(case: Case, m: dict) -> Check:
     same = ran == case.model.attn
     return Check("attn_implementation", ran, case.model.attn, 1.0 if same else 0.0, 0.0,
                  "pass" if same else "fail", None)
+
+
+# What the builder sets whatever the config says (dropout off so runs repeat, no KV cache, the Case's dtype):
+# a difference there is ckptbench's choice, not a request it lost.
+BUILDER_KEYS = ("dtype", "torch_dtype", "use_cache")
+_ABSENT = "<absent>"
+
+
+def _set_by_builder(key: str, built) -> bool:
+    return key in BUILDER_KEYS or (("dropout" in key or key.endswith("pdrop")) and built == 0)
+
+
+def config_differences(requested: dict, built: dict, prefix: str = "") -> list[str]:
+    """The keys (dotted into nested configs) where the built model's config differs from the requested one.
+
+    `requested` holds every name of each dimension (the reference passes them all and transformers keeps the
+    ones its class does not read as plain attributes); such a name the built config lacks is no difference."""
+    out = []
+    for key in sorted(set(requested) | set(built)):
+        if key not in built and not prefix and key in DIM_ALIASES:
+            continue
+        r, b = requested.get(key, _ABSENT), built.get(key, _ABSENT)
+        if _set_by_builder(key, b):
+            continue
+        if isinstance(r, dict) and isinstance(b, dict):
+            out += config_differences(r, b, f"{prefix}{key}.")
+        elif r != b:
+            out.append(prefix + key)
+    return out
+
+
+def _value_at(config: dict, dotted: str):
+    for part in dotted.split("."):
+        config = config.get(part, _ABSENT) if isinstance(config, dict) else _ABSENT
+    return config
+
+
+def config_checks(m: dict) -> list[Check]:
+    """The model built is the one asked for, exactly.
+
+    ``config``: every key the Case asks for (its dimensions and extra keys, as transformers normalises them:
+    ``rope_scaling`` becomes ``rope_parameters``) against the built model's config, key by key.
+    ``params_from_config``: the built model's parameter count against ``AutoModelForCausalLM.from_config`` of
+    the requested config on the meta device, built apart from the builder (:mod:`ckptbench.train.reference`).
+    Records from before the worker recorded them skip; a reference transformers refused fails."""
+    requested, built = m.get("requested_config"), m.get("resolved_config")
+    if m.get("reference_error"):
+        why = f"the requested config did not build: {m['reference_error']}"
+        return [Check("config", None, None, None, 0.0, "fail", why),
+                Check("params_from_config", m.get("n_params"), None, None, 0.0, "fail", why)]
+    if requested is None or built is None or m.get("reference_n_params") is None:
+        return [Check("config", None, None, None, 0.0, "skip", None),
+                judge("params_from_config", None, m.get("reference_n_params"))]
+    diffs = config_differences(requested, built)
+    if diffs:
+        config = Check("config", "; ".join(f"{k}={_value_at(built, k)!r}" for k in diffs),
+                       "; ".join(f"{k}={_value_at(requested, k)!r}" for k in diffs), 0.0, 0.0, "fail", diffs)
+    else:
+        config = Check("config", "as requested", "as requested", 1.0, 0.0, "pass", None)
+    return [config, judge("params_from_config", m.get("n_params"), m["reference_n_params"])]
 
 
 def same_layers(quantity: str, observed, expected) -> Check:

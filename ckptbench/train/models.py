@@ -3,53 +3,65 @@ and the seeded token batches they train on."""
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config
+import functools
 
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from ..configs import DIM_ALIASES, at_depth, config_keys, error_line
 from ..spec import ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def hf_config(spec: ModelSpec) -> PretrainedConfig:
-    """The transformers config that gives `spec`'s shapes; dropout off so runs are deterministic."""
-    if spec.family in ("llama", "qwen2"):
-        config_class = LlamaConfig if spec.family == "llama" else Qwen2Config
-        cfg = config_class(
-            hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-            num_key_value_heads=spec.kv_heads, intermediate_size=spec.intermediate,
-            vocab_size=spec.vocab, max_position_embeddings=spec.max_positions,
-            tie_word_embeddings=spec.tie_embeddings, use_cache=False,
-        )
-    elif spec.family == "gpt2":
-        cfg = GPT2Config(
-            n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads, n_inner=spec.intermediate,
-            vocab_size=spec.vocab, n_positions=spec.max_positions, tie_word_embeddings=spec.tie_embeddings,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-            bos_token_id=spec.vocab - 1, eos_token_id=spec.vocab - 1,
-        )
-    else:
-        return generic_config(spec)
-    return cfg
+def config_values(spec: ModelSpec) -> dict:
+    """The config.json keys `spec` stands for: its extra keys as given (per-layer lists at its depth), each
+    dimension under the key its model type's config class reads it from, and its tying.
 
-
-def generic_config(spec: ModelSpec) -> PretrainedConfig:
-    """Any model type transformers knows: ``AutoConfig.for_model`` with the spec's dimensions and extra keys.
-
-    Made runnable as the spec shrinks it: token ids beyond a smaller vocabulary are dropped (an embedding
-    whose padding index is out of range will not build), dropout is off (runs must repeat), no KV cache.
+    The same for every model type, the analytic ones included: a ``[model] extra`` or a user's config.json
+    key reaches transformers whatever the family (``hidden_act``, ``mlp_bias``, ``head_dim``, ``n_inner`` ...).
     """
+    keys = config_keys(spec.family)
+    extra = at_depth(spec.config_extra, spec.layers)
+    clash = sorted(set(extra) & DIM_ALIASES)
+    if clash:  # the suite refuses them; a ModelSpec made by hand must not say a dimension twice either
+        raise ValueError(f"config key {clash[0]!r} is a dimension: give it as the ModelSpec field")
+    dims = {key: getattr(spec, dim) for dim, key in keys.items() if key is not None}
+    return {**extra, **dims, "tie_word_embeddings": spec.tie_embeddings}
+
+
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@functools.cache
+def class_defaults(model_type: str) -> PretrainedConfig:
+    """`model_type`'s config with nothing set: its class's defaults."""
     from transformers import AutoConfig
 
-    values = dict(hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                  num_key_value_heads=spec.kv_heads, intermediate_size=spec.intermediate, vocab_size=spec.vocab,
-                  max_position_embeddings=spec.max_positions, tie_word_embeddings=spec.tie_embeddings,
-                  use_cache=False, **spec.config_extra)
+    return AutoConfig.for_model(model_type)
+
+
+def hf_config(spec: ModelSpec) -> PretrainedConfig:
+    """``AutoConfig.for_model`` of :func:`config_values`, made runnable as the spec shrinks it.
+
+    Token ids beyond a smaller vocabulary are dropped (an embedding whose padding index is out of range will
+    not build), dropout is off (runs must repeat), no KV cache.
+    """
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    values = {**config_values(spec), "use_cache": False}
     try:
+        for key in TOKEN_KEYS:  # the class's own ids too (gpt2's 50256), before its validation warns of them
+            token = values.get(key, getattr(class_defaults(spec.family), key, None))
+            if isinstance(token, int) and token >= spec.vocab:
+                values[key] = None
         cfg = AutoConfig.for_model(spec.family, **values)
+    except StrictDataclassError as exc:  # a config class's own validation, e.g. layer_types against the depth
+        raise ValueError(f"transformers refuses this {spec.family} config: {error_line(exc)}") from None
     except ValueError as exc:  # an unknown model_type
         raise ValueError(f"transformers cannot build model_type {spec.family!r}: {exc}") from None
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    for key in TOKEN_KEYS:  # and any a config class derives
         token = getattr(cfg, key, None)
         if isinstance(token, int) and token >= spec.vocab:
             setattr(cfg, key, None)

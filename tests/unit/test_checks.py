@@ -22,7 +22,8 @@ def test_a_real_tiny_point_passes_every_check():
     assert record["meters"]["agreement"] == "agree"
     # every prediction was judged against an observation, and held
     for quantity in ("peak_bytes", "peak_phase", "peak_breakdown.grads", "peak_breakdown.activations",
-                     "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops", "attention_kernel"):
+                     "checkpointed_layers", "recomputed_layers", "saved_bytes", "hardware_flops", "recompute_flops", "attention_kernel",
+                     "config", "params_from_config"):
         assert by[quantity]["verdict"] == "pass", by[quantity]
 
 
