@@ -280,8 +280,10 @@ def cmd_sweep(args) -> int:
     from ..store.records import load_records
 
     loaded = load_records(out)
-    for problem in loaded.problems:
-        console.print(f"[yellow]warning:[/yellow] {problem}")
+    from rich.markup import escape
+
+    for problem in loaded.notes():
+        console.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     from ..store.records import latest_per_case
 
     shown = latest_per_case(result.records)  # a Case run several times is one row, its times pooled

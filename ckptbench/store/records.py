@@ -15,10 +15,11 @@ import os
 from dataclasses import dataclass, field
 
 from .repeats import merge_repeats
+from .validate import record_problem
 
 SCHEMA_VERSION = 1
 RECORDS = "records.jsonl"
-STATUSES = ("ok", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
+LISTED = 10  # skipped lines listed one by one; the rest are counted
 
 
 @dataclass
@@ -26,10 +27,20 @@ class LoadedRecords:
     """Records read back, plus what could not be read (with line numbers), so nothing fails silently."""
 
     records: list[dict] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # one per line skipped (or a missing file)
+    path: str = ""
+    skipped: int = 0  # lines read and not used: unreadable, torn, or not of a record's shape
 
     def ids(self) -> set[str]:
         return {r["case_id"] for r in self.records if "case_id" in r}
+
+    def notes(self) -> list[str]:
+        """What a command prints about the lines it skipped: how many, then the first few of them."""
+        if not self.skipped:
+            return list(self.problems)
+        more = len(self.problems) - LISTED
+        return ([f"{self.path}: {self.skipped} line{'s' if self.skipped != 1 else ''} skipped (not valid records)"]
+                + self.problems[:LISTED] + ([f"... and {more} more"] if more > 0 else []))
 
 
 class RecordStore:
@@ -81,9 +92,9 @@ def _jsonable(obj):
 
 def load_records(path: str, merged: bool = True) -> LoadedRecords:
     """Every readable record of a run, one per Case (`merged`) or one per (Case, repeat)."""
-    out = LoadedRecords()
     if os.path.isdir(path):
         path = os.path.join(path, RECORDS)
+    out = LoadedRecords(path=path)
     if not os.path.exists(path):
         out.problems.append(f"{path}: no records file")
         return out
@@ -99,12 +110,15 @@ def load_records(path: str, merged: bool = True) -> LoadedRecords:
             torn = number == len(lines)
             out.problems.append(f"{path}:{number}: {'truncated last line' if torn else 'unreadable line'} "
                                 f"({len(line)} bytes) ignored")
+            out.skipped += 1
             continue
-        if not isinstance(record, dict) or "case_id" not in record:
-            out.problems.append(f"{path}:{number}: not a record (no case_id) ignored")
-            continue
-        if record.get("schema") != SCHEMA_VERSION:
-            out.problems.append(f"{path}:{number}: schema {record.get('schema')!r} != {SCHEMA_VERSION} ignored")
+        if isinstance(record, dict) and "case_id" in record and record.get("schema") != SCHEMA_VERSION:
+            why = f"schema {record.get('schema')!r} != {SCHEMA_VERSION}"
+        else:
+            why = record_problem(record)
+        if why:
+            out.problems.append(f"{path}:{number}: not a record ({why}) ignored")
+            out.skipped += 1
             continue
         out.records.append(record)
     out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())
