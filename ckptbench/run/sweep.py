@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
@@ -198,7 +198,10 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     recorded = store.load().records
     accept_directory(suite, options, recorded)
     work_dir = os.path.join(options.out_dir, "work")
-    os.makedirs(work_dir, exist_ok=True)
+    try:
+        os.makedirs(work_dir, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(work_dir, exc, "creating") from exc
     planned = plan(suite, options.shard)
     repeats = options.repeats or suite.repeats
     todo, skipped = pending(planned, recorded, options.resume, repeats)

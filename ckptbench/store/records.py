@@ -9,11 +9,13 @@ never parsed as data.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 from dataclasses import dataclass, field
 
+from ..errors import StorageError
 from .repeats import merge_repeats
 from .validate import record_problem
 
@@ -49,19 +51,34 @@ class RecordStore:
         self.path = os.path.join(run_dir, RECORDS)
 
     def ensure(self) -> None:
-        os.makedirs(self.run_dir, exist_ok=True)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(self.run_dir, exc, "creating") from exc
 
     def append(self, record: dict) -> None:
+        """Append one line; on any failure (a full disk) the file is cut back to the records before it.
+
+        Raises :class:`~ckptbench.errors.StorageError` naming the file and the reason.
+        """
         line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True, default=_jsonable) + "\n"
         data = line.encode()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(self.path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            _repair_torn_tail(fd)
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                _repair_torn_tail(fd)
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
+                os.fsync(fd)
+            except OSError as exc:
+                _cut_back(fd, size)
+                raise StorageError(self.path, exc) from exc
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -69,6 +86,15 @@ class RecordStore:
     def load(self) -> LoadedRecords:
         """The last line of each (Case, repeat), repeats not merged: what a sweep resumes from."""
         return load_records(self.path, merged=False)
+
+
+def _cut_back(fd: int, size: int) -> None:
+    """Remove what a failed append wrote past `size` (under the lock, so only this append's bytes): the
+    records before it stay whole and the next append starts on a clean line."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass  # what stays is a torn last line, which the reader skips and the next append ends
 
 
 def _repair_torn_tail(fd: int) -> None:
