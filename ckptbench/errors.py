@@ -21,12 +21,23 @@ _STORAGE_WORDS = {
 }
 # A place the user chose that cannot be written: bad input (exit 2), not a fault of the run.
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# A worker that could not write its result because the disk was full exits so (sysexits' EX_TEMPFAIL): the
+# sweep records that, not a bare "exited with code 1".
+WORKER_DISK_FULL_EXIT = 75
 
 
 def storage_reason(code: int | None, strerror: str | None = None) -> str:
     """``disk full (ENOSPC)``: the words and the errno's name, for a message or a record's reason."""
     words = _STORAGE_WORDS.get(code) or (strerror or "I/O error").lower()
     return f"{words} ({errno.errorcode.get(code, 'errno ' + str(code))})"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A failed point's reason: ``disk full (ENOSPC) writing FILE`` for a full disk, else the exception."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        return f"{storage_reason(exc.errno)} writing {exc.filename or 'a file'}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class StorageError(OSError):
