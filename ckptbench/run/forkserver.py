@@ -9,12 +9,14 @@ becomes a result dict: its own result file, a timeout, a signal, or an exit with
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
 import signal
 import time
 
+from ..errors import WORKER_DISK_FULL_EXIT, storage_reason
 from ..spec import Case
 from ..store.files import tail
 from .faults import Fault
@@ -71,6 +73,8 @@ class IsolatedRunner:
             os.remove(result_path)
         elif proc.exitcode is not None and proc.exitcode < 0:
             result = _killed(signal.Signals(-proc.exitcode).name, watch)
+        elif proc.exitcode == WORKER_DISK_FULL_EXIT:
+            result = {"status": "crash", "reason": f"{storage_reason(errno.ENOSPC)} writing {result_path}"}
         else:
             result = {"status": "crash", "reason": f"worker exited with code {proc.exitcode} and no result"}
         if result["status"] != "ok":

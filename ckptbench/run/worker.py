@@ -9,6 +9,7 @@ one result file, atomically, whatever happens short of the process being killed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -17,6 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
 from ..measure.steps import step_probe_for
 from ..measure.timing import StepStats, timer_for
 from ..spec import Case
@@ -226,6 +228,8 @@ def inject(fault: Fault) -> None:
             time.sleep(3600)
     if fault.kind == "exit":
         os._exit(3)
+    if fault.kind == "disk-full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(os.getcwd(), "checkpoint.bin"))
     if fault.kind in ("hog", "hog-kill"):
         _hog(fault.nbytes, fault.kind == "hog-kill")
 
@@ -285,7 +289,12 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     except Exception as exc:
         traceback.print_exc()
         status = "oom" if is_oom_error(exc) else "crash"
-        result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        result = {"status": status, "reason": failure_reason(exc)[:500]}
     result["device_env"] = device_environment(case.device)
     result["cores_seen"] = sorted(os.sched_getaffinity(0))
-    write_json_atomic(result_path, result)
+    try:
+        write_json_atomic(result_path, result)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        os._exit(WORKER_DISK_FULL_EXIT)  # no file to say it in: the exit status says it

@@ -56,6 +56,20 @@ def test_each_fault_is_recorded_and_the_sweep_goes_on(tmp_path, write_suite):
     assert len(result.records) == 6
 
 
+def test_a_full_disk_is_recorded_as_such_and_retry_runs_the_point_again(tmp_path, write_suite):
+    one = SIX.replace("batch_size = [1, 2]", "batch_size = [1]").replace("every_n_layers = [0, 1, 2]",
+                                                                          "every_n_layers = [0]")
+    suite = load_suite(write_suite(one))
+    out = str(tmp_path / "run")
+    run_sweep(suite, SweepOptions(out_dir=out, faults={suite.cases[0].id: Fault("disk-full")}))
+    (first,) = load_records(out).records
+    assert first["status"] == "crash" and first["attempt"] == 1
+    assert first["reason"].startswith("disk full (ENOSPC) writing ")
+    again = run_sweep(suite, SweepOptions(out_dir=out, resume=True, retry=("crash",)))
+    assert [(r["status"], r["attempt"]) for r in again.records] == [("ok", 2)]
+    assert [r["status"] for r in load_records(out).records] == ["ok"]
+
+
 def test_memory_budget_turns_peak_into_over_budget(tmp_path, write_suite):
     # At batch 2, seq 64 the tiny Llama peaks at about 5.3 MiB without checkpointing and 3.5 MiB with
     # full checkpointing, so a 0.004 GiB (4.19 MiB) budget splits them.
