@@ -21,7 +21,7 @@ from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
 from .fits import too_big
-from .forkserver import IsolatedRunner
+from .forkserver import IsolatedRunner, start_fork_server
 from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
 from .shards import SweepLock
@@ -237,5 +237,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
+    if any(case.world_size == 1 for case, _ in todo):
+        start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
     run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
     return SweepResult(options.out_dir, planned, skipped, records)

@@ -215,9 +215,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigkill_of_the_sweep_alone_takes_the_fork_server_and_worker_with_it(tmp_path, write_suite):
-    """The sweep's main process is killed alone while a worker hangs: nothing of the sweep survives
-    (fork server and worker gone within seconds), and a second sweep of the same shard was refused
-    while the first ran, naming its pid."""
+    """The sweep's main process is killed alone while a worker hangs: nothing of the sweep survives it by
+    more than a second (the kernel kills the fork server and the worker; waiting for the fork server to
+    notice took seconds on a loaded machine), and a second sweep of the same shard was refused while the
+    first ran, naming its pid."""
     from ckptbench.run.launch import descendants
 
     path = write_suite(SIX)
@@ -239,7 +240,7 @@ def test_sigkill_of_the_sweep_alone_takes_the_fork_server_and_worker_with_it(tmp
 
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 1.0  # the issue's bound; the kernel's own signal takes ~0.2 s at load 7
     while any(_alive(p) for p in helpers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in helpers if _alive(p)] == []
