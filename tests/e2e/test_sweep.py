@@ -141,6 +141,21 @@ def test_ctrl_c_keeps_finished_records_and_says_how_to_resume(tmp_path, write_su
     assert all(r["status"] == "ok" for r in loaded.records)
 
 
+def test_sigterm_says_how_many_points_are_done_and_exits_143_with_valid_records(tmp_path, write_suite):
+    path = write_suite(SIX)
+    out = str(tmp_path / "run")
+    proc = _cli(path, out)
+    _wait_for_records(os.path.join(out, "records.jsonl"), 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    loaded = load_records(out)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == f"interrupted by SIGTERM: {len(loaded.records)} points done, resume with --resume"
+    assert "Traceback" not in err
+    assert loaded.problems == [] and 2 <= len(loaded.records) < 6
+    assert all(r["status"] == "ok" for r in loaded.records)  # the point in flight was dropped, not recorded
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_suite_on_a_machine_without_cuda_is_recorded_unsupported(tmp_path, write_suite):
     text = SIX.replace('timeout_s = 60', 'timeout_s = 60\ndevice = "cuda"').replace("batch_size = [1, 2]",
