@@ -9,6 +9,7 @@ parent never imports torch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -173,12 +174,19 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     slots = sweep_slots(planned, options.parallel, options.devices, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     store = RecordStore(options.out_dir)
     store.ensure()
-    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job) as lock:
+    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job, suite_digest(suite),
+                   suite.name) as lock:
         def running(points: list[Running]) -> None:
             lock.running([p.to_dict() for p in points])
             if on_running is not None:
                 on_running(points)
         return _run_locked(suite, options, store, slots, on_record, annotate, on_start, running, stop)
+
+
+def suite_digest(suite: Suite) -> str:
+    """What tells one suite from another: its text, or where it has none, its points in order."""
+    text = suite.text or "\n".join(c.id for c in suite.cases)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def accept_directory(suite: Suite, options: SweepOptions, recorded: list[dict]) -> None:
