@@ -79,7 +79,7 @@ class IsolatedRunner:
                 os.remove(stale)
         t_submit = time.time()
         proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault,
-                                                         timeout_s, where), name=f"ckptbench-{case.id}")
+                                                         timeout_s, where, memory_cap), name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
         if self.cancelled:  # stopped from another thread while this one was starting the worker
