@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from .nodes import from_args as nodes_from
 
 # A sweep larger than this runs only when asked twice: a typo in an axis multiplies the plan.
 MAX_POINTS = 10_000
+EXIT_SIGTERM = 143  # 128 + SIGTERM, as a shell reports it: the sweep stopped on SIGTERM, records kept
 
 
 def _fmt_mib(value) -> str:
@@ -189,7 +191,7 @@ def cmd_sweep(args) -> int:
     from rich.console import Console
 
     from ..run.calibration import machine_rates
-    from ..run.scheduler import Interrupted
+    from ..run.scheduler import Interrupted, Stopped, StopRequest
     from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
@@ -264,15 +266,23 @@ def cmd_sweep(args) -> int:
                                  f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
 
         started = time.monotonic()
+        stop = StopRequest()
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.request("SIGTERM", None))
         try:
             result = run_sweep(suite, options, on_record=on_record, annotate=_with_projection(annotate_record, plan_state), on_start=on_start,
-                               on_running=slot_lines(progress))
+                               on_running=slot_lines(progress), stop=stop)
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
                           f"  python -m ckptbench sweep --suite {args.suite or os.path.join(out, 'suite.toml')} "
                           f"--out {out} --resume")
             return 130
+        except Stopped as exc:  # SIGTERM: the points in flight were dropped whole, every record kept
+            progress.stop()
+            print(f"interrupted by SIGTERM: {exc.done} points done, resume with --resume", file=sys.stderr)
+            return EXIT_SIGTERM
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         progress.update(task, completed=len(cases) * repeats)
     if plan_text:  # the report sets each point the plan predicted beside its prediction
         from ..store.files import write_text_atomic

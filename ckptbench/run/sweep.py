@@ -9,6 +9,7 @@ parent never imports torch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
 from .fits import too_big
-from .forkserver import IsolatedRunner
+from .forkserver import IsolatedRunner, start_fork_server
 from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
 from .shards import SweepLock
@@ -195,12 +196,19 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     slots = sweep_slots(planned, options.parallel, options.devices, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     store = RecordStore(options.out_dir)
     store.ensure()
-    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job) as lock:
+    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job, suite_digest(suite),
+                   suite.name) as lock:
         def running(points: list[Running]) -> None:
             lock.running([p.to_dict() for p in points])
             if on_running is not None:
                 on_running(points)
         return _run_locked(suite, options, store, slots, on_record, annotate, on_start, running, stop)
+
+
+def suite_digest(suite: Suite) -> str:
+    """What tells one suite from another: its text, or where it has none, its points in order."""
+    text = suite.text or "\n".join(c.id for c in suite.cases)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def accept_directory(suite: Suite, options: SweepOptions, recorded: list[dict]) -> None:
@@ -264,5 +272,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
+    if any(case.world_size == 1 for case, _ in todo):
+        start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
     run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
     return SweepResult(options.out_dir, planned, skipped, records)

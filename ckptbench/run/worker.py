@@ -31,6 +31,7 @@ from ..train.models import build_model, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
 from .faults import Fault
+from .hostmem import human_bytes, limit_private_memory
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
 
@@ -232,40 +233,54 @@ def inject(fault: Fault) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(os.getcwd(), "checkpoint.bin"))
     if fault.kind in ("hog", "hog-kill"):
         _hog(fault.nbytes, fault.kind == "hog-kill")
+    if fault.kind == "alloc":  # through torch's CPU allocator, as a point's own tensors are
+        torch.ones(fault.nbytes, dtype=torch.uint8)
 
 
 def _hog(nbytes: int, then_kill: bool) -> None:
-    """Hold `nbytes` resident (the fork server's pages included), long enough for the sweep to see it."""
+    """Hold `nbytes` resident (the fork server's pages included), long enough for the sweep to see it.
+
+    Shared memory (as a DataLoader's or a tensor's ``share_memory_()``), which counts in the resident
+    size the sweep watches but not in the private-memory limit a worker sets (:func:`.hostmem.limit_private_memory`).
+    """
+    import mmap
     import signal
 
     from .hostmem import resident_bytes
 
     rss = resident_bytes(os.getpid())
-    held = b"\x01" * max(0, nbytes - (rss[0] if rss else 0))  # written, so every page is resident
+    held = mmap.mmap(-1, max(mmap.PAGESIZE, nbytes - (rss[0] if rss else 0)))  # anonymous, MAP_SHARED
+    for offset in range(0, len(held), mmap.PAGESIZE):  # written, so every page is resident
+        held[offset] = 1
     deadline = time.monotonic() + (2.0 if then_kill else 3600.0)
     while time.monotonic() < deadline:
         time.sleep(0.05)
     if then_kill:
         os.kill(os.getpid(), signal.SIGKILL)
-    del held
+    held.close()
 
 
 def is_oom_error(exc: BaseException) -> bool:
     """Out-of-memory raised outside the caching allocator (cuBLAS/cuDNN workspaces, a kernel's own
     cudaMalloc) arrives as a plain RuntimeError or AcceleratorError, and the CPU allocator's as
     ``DefaultCPUAllocator: can't allocate memory``; their messages say so."""
+    if isinstance(exc, MemoryError):  # Python's own allocations past the worker's limit
+        return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
         sign in text for sign in ("out of memory", "cublas_status_alloc_failed", "can't allocate memory"))
 
 
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
-               fault: Fault | None = None, timeout_s: float | None = None, where: dict | None = None) -> None:
+               fault: Fault | None = None, timeout_s: float | None = None, where: dict | None = None,
+               memory_cap: int | None = None) -> None:
     """Entry point of a worker process: one Case, one result file, output to the point's log.
 
     It dies with the fork server (which dies with the sweep) and, failing all else, after its own timeout.
     `where` is its slot: the cores it pins itself to before torch starts a thread, and the variables
     (``CUDA_VISIBLE_DEVICES``) set before CUDA is first touched; the cores it then has are reported.
+    A CPU point under `memory_cap` (``--memory-gib``) limits its private memory to it: an allocation past
+    it fails, recorded ``oom`` (a CUDA point's driver maps memory the limit would wrongly count).
     """
     die_with_parent()
     let_the_fork_server_go()
@@ -278,6 +293,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     case = Case.from_dict(case_dict)
+    limited = memory_cap is not None and case.device == "cpu" and limit_private_memory(memory_cap)
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
@@ -290,6 +306,8 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         traceback.print_exc()
         status = "oom" if is_oom_error(exc) else "crash"
         result = {"status": status, "reason": failure_reason(exc)[:500]}
+        if status == "oom" and limited:
+            result["reason"] += f" (private memory limited to the --memory-gib cap of {human_bytes(memory_cap)})"
     result["device_env"] = device_environment(case.device)
     result["cores_seen"] = sorted(os.sched_getaffinity(0))
     try:
