@@ -25,7 +25,7 @@ from ..theory.flops import figures as flop_figures
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step, precision_refusal
-from ..train.models import build_model, synthetic_batch
+from ..train.models import build_model, dropout_values, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
 from .faults import Fault
@@ -167,6 +167,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "loop": case.setup.loop,
         "checkpointing_api": checkpointing_api,
         "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
+        "dropout": dropout_values(model.config),  # the probabilities the model ran with, from its own config
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
         "step_time_p90_s": stats.p90_s,
