@@ -29,6 +29,7 @@ from ..train.models import build_model, dropout_values, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
 from .faults import Fault
+from .hostmem import resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
 
@@ -275,6 +276,8 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     case = Case.from_dict(case_dict)
+    # resident before the point builds anything: what the fork server imported, which a --memory cap counts
+    resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
@@ -289,4 +292,5 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
     result["device_env"] = device_environment(case.device)
     result["cores_seen"] = sorted(os.sched_getaffinity(0))
+    result["baseline_rss_bytes"] = resident[0] if resident else None
     write_json_atomic(result_path, result)
