@@ -40,6 +40,7 @@ from .spec import (
     BYTE_VOCAB,
     DATA_SOURCES,
     DEVICES,
+    DROPOUTS,
     DTYPES,
     FAMILIES,
     LOOPS,
@@ -69,7 +70,8 @@ SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memor
               "budgets_gib": list, "device": str, "repeats": int}
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
 MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "hub": str, "extra": dict,
-              "dtype": str, "precision": str, "attn": str, "label": str, "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
+              "dtype": str, "precision": str, "attn": str, "label": str, "tie_embeddings": bool, "dropout": str,
+              **dict.fromkeys(MODEL_DIMS, int)}
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int, "loop": str}
@@ -206,7 +208,7 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
     precisions the points run in (the sweep's axis, else the model's precision or dtype)."""
     values = _source(ck, table)
     source = dict(values)
-    for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
+    for key in ("family", "dtype", "attn", "tie_embeddings", "dropout", *MODEL_DIMS):
         if key in table and not (key == "family" and "preset" not in table and "model_type" in table):
             values[key] = table[key]
     if "model_type" in table and "preset" in table:
@@ -246,6 +248,9 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
         # the dtype attention computes in; fp32 anywhere in the sweep decides (see default_attention)
         compute = "fp32" if any(compute_dtype(p) == "fp32" for p in precisions) else compute_dtype(precisions[0])
         values["attn"], attn_note = default_attention(values["family"], device, compute, cls.supports_sdpa)
+    if values.get("dropout", "off") not in DROPOUTS:
+        ck.fail("model.dropout", f"unknown dropout {values['dropout']!r}; known: {', '.join(DROPOUTS)} "
+                "(off: every dropout probability 0; published: the config's own)")
     if values.get("attn", "eager") not in ATTENTIONS:
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:

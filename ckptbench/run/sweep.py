@@ -21,7 +21,7 @@ from ..spec import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
-from .fits import too_big
+from .fits import WORKER_BASELINE_BYTES, too_big
 from .forkserver import IsolatedRunner, start_fork_server
 from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
@@ -244,12 +244,14 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     shard = f"{options.shard[0]}/{options.shard[1]}"
+    baseline = [WORKER_BASELINE_BYTES]  # a worker's resident memory before its step: measured by each worker
 
     def not_started(case: Case) -> dict | None:
         if deadline is not None and time.monotonic() >= deadline:
             return {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
                     f"{options.max_minutes:g} deadline had passed"}
-        if not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
+        if not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes,
+                                                  baseline=baseline[0])):
             return {"status": "skipped", "reason": why}
         return None
 
@@ -261,6 +263,8 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         return runner.run(case, work_dir, timeout, options.faults.get(case.id), options.memory_cap, placement, repeat)
 
     def finish(case: Case, repeat: int, placement: Placement | None, result: dict) -> None:
+        if result.get("baseline_rss_bytes"):
+            baseline[0] = max(baseline[0], result["baseline_rss_bytes"])
         _judge_budget(result, suite.memory_budget_bytes)
         record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
         record["attempt"] = attempts.get((case.id, repeat), 1)

@@ -27,11 +27,11 @@ from ..theory.flops import figures as flop_figures
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step, precision_refusal
-from ..train.models import build_model, synthetic_batch
+from ..train.models import build_model, dropout_values, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
 from .faults import Fault
-from .hostmem import human_bytes, limit_private_memory
+from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
 
@@ -170,6 +170,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "loop": case.setup.loop,
         "checkpointing_api": checkpointing_api,
         "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
+        "dropout": dropout_values(model.config),  # the probabilities the model ran with, from its own config
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
         "step_time_p90_s": stats.p90_s,
@@ -294,6 +295,8 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     os.dup2(fd, 2)
     case = Case.from_dict(case_dict)
     limited = memory_cap is not None and case.device == "cpu" and limit_private_memory(memory_cap)
+    # resident before the point builds anything: what the fork server imported, which a --memory cap counts
+    resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
@@ -310,6 +313,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
             result["reason"] += f" (private memory limited to the --memory-gib cap of {human_bytes(memory_cap)})"
     result["device_env"] = device_environment(case.device)
     result["cores_seen"] = sorted(os.sched_getaffinity(0))
+    result["baseline_rss_bytes"] = resident[0] if resident else None
     try:
         write_json_atomic(result_path, result)
     except OSError as exc:

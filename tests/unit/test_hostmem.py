@@ -77,3 +77,40 @@ def test_an_early_dip_in_available_memory_does_not_label_a_later_kill(monkeypatc
         watch.sample()
     assert watch.samples == 3
     assert explain_kill(watch, roomy) is None
+
+
+def test_against_the_memory_cap_a_point_needs_the_workers_baseline_too():
+    from ckptbench.run.fits import WORKER_BASELINE_BYTES, estimated_peak, too_big
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    peak = estimated_peak(case)
+    roomy = HostMemory(total=2**40, available=2**40)
+    # the tensors alone fit under the cap, but the worker starts with the fork server's imports resident
+    cap = peak + WORKER_BASELINE_BYTES - 1
+    why = too_big(case, cap, roomy)
+    assert why is not None and "worker baseline" in why and "--memory cap" in why
+    assert too_big(case, cap + 1, roomy) is None
+    assert too_big(case, peak + 1000, roomy, baseline=1000) is None  # the baseline a worker reported
+    assert too_big(case, peak + 999, roomy, baseline=1000) is not None
+    # against the RAM available the fork server's pages are already spent: only the estimate counts
+    assert too_big(case, None, HostMemory(total=2**40, available=peak)) is None
+
+
+def test_a_worker_reports_its_resident_memory_before_its_step(tmp_path):
+    import json
+    import multiprocessing
+
+    from ckptbench.run import worker
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(warmup_steps=0, steps=1), batch_size=1, seq_len=8)
+    out = tmp_path / "r.json"
+    proc = multiprocessing.get_context("fork").Process(
+        target=worker.child_main, args=(case.to_dict(), str(out), str(tmp_path / "w.log"), 0.0))
+    proc.start()
+    proc.join(120)
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok"
+    # this process imported torch and transformers: its forked worker holds at least that much already
+    assert result["baseline_rss_bytes"] > 100 * 2**20
