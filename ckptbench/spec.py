@@ -84,11 +84,6 @@ class ModelSpec:
         return json.loads(self.config) if self.config else {}
 
     @property
-    def compute_dtype(self) -> str:
-        """The dtype the matmuls run in: the autocast dtype of a mixed precision, else the parameters'."""
-        return self.setup.autocast or self.model.dtype
-
-    @property
     def analytic(self) -> bool:
         """Whether the analytic estimate describes this model (else the simulation is its estimate)."""
         if self.family not in FAMILIES or any(self.published_dropout.values()):
