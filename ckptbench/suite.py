@@ -56,6 +56,11 @@ from .spec import (
     preset,
 )
 
+# A suite's axes may cross to more points than a sweep runs without --yes (cli/sweep.py's MAX_POINTS), but
+# not to more than this: each point is a Case in memory before anything runs.
+MAX_CROSSED = 1_000_000  # about 630 B a Case: 0.6 GB at most
+MAX_LAYERS = 10_000  # the deepest trained models have about 120; a typo's 100,000 would only hang
+
 
 class SuiteError(Exception):
     """A suite that cannot run: says which file, which key, and why."""
@@ -138,9 +143,11 @@ class _Checker:
         for v in values:
             if not _is(v, AXES[key]):
                 self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
-        if len(set(values)) != len(values):
-            dup = next(v for v in values if values.count(v) > 1)
-            self.fail(f"sweep.{key}", f"duplicate value {dup!r}")
+        seen: set = set()
+        for v in values:  # one pass: a 40,000-value axis is checked as fast as a short one
+            if v in seen:
+                self.fail(f"sweep.{key}", f"duplicate value {v!r}")
+            seen.add(v)
         if AXES[key] is int:
             zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed")
             for v in values:
@@ -250,6 +257,9 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:
         ck.positive(f"model.{key}", values[key])
+    if values["layers"] > MAX_LAYERS:
+        ck.fail("model.layers", f"{values['layers']:,} layers is more than {MAX_LAYERS:,}: no model that trains "
+                "is that deep")
     if values["hidden"] % values["heads"]:
         ck.fail("model.heads", f"heads={values['heads']} does not divide hidden={values['hidden']}")
     if values["heads"] % values["kv_heads"]:
@@ -415,8 +425,13 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     if not all(_is(b, (int, float)) and math.isfinite(b) and b > 0 for b in budgets):
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
-    cases = []
     rest = [a for a in AXES if a not in ("seed", "precision", "loop")]
+    crossed = len(axes["seed"]) * len(setups) * math.prod(len(axes[a]) for a in rest)
+    if crossed > MAX_CROSSED:  # counted before a single Case is built: 10^4 × 10^4 would not fit in memory
+        widest = max(AXES, key=lambda a: len(axes[a]))
+        ck.fail(f"sweep.{widest}", f"the axes cross to {crossed:,} points (more than {MAX_CROSSED:,}); "
+                "split the sweep into several suites")
+    cases = []
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
     for seed, (dtype, setup), (b, s, n, off, k, ga, ws, impl) in itertools.product(
             axes["seed"], setups, itertools.product(*(axes[a] for a in rest))):
