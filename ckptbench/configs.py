@@ -137,7 +137,10 @@ def spec_values(config: dict) -> dict:
     for field, names in DIM_NAMES.items():
         for name in names:
             if config.get(name) is not None:
-                values[field] = int(config[name])
+                size = config[name]
+                if not isinstance(size, int) or isinstance(size, bool):  # 64.9 must not become 64
+                    raise ConfigError(f"{name} must be a whole number, got {size!r}")
+                values[field] = size
                 break
     if "hidden" not in values or "layers" not in values or "heads" not in values or "vocab" not in values:
         raise ConfigError(f"model_type {model_type!r}: the config gives no hidden size, layer count, head "
