@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from ..errors import UsageError
@@ -60,15 +61,18 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
     if spec.analytic and setup == Setup() and not force_simulation:
         return planner.Analytic()
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
-    from ..theory.extrapolate import NotAffine, Simulated, extrapolation
+    from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
 
     offloads = (False, True) if a.device == "cuda" else (False,)
     # every few-layer step is independent: one process per core simulates them
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=get_context("fork")) as pool:
         try:
             return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup))
-        except NotAffine as exc:
+        except (NotAffine, SimulationFailed) as exc:
             raise UsageError(f"cannot plan {spec.label} from a few-layer simulation: {exc}") from None
+        except BrokenProcessPool:
+            raise UsageError(f"cannot plan {spec.label}: a simulation process died (out of memory?) before it "
+                             "could say why") from None
 
 
 def _calibration(path: str | None, verify: bool = False) -> dict:
