@@ -235,10 +235,10 @@ def model_class(model_type: str) -> ModelClass:
     return ModelClass(**_ask(["model-class", model_type], f"model_type {model_type!r}"))
 
 
-def _ask(args: list[str], what: str) -> dict:
-    """The JSON answer of ``python -m ckptbench.configs ARGS`` (a child interpreter, so torch stays out)."""
+def _ask(args: list[str], what: str, module: str = "ckptbench.configs") -> dict:
+    """The JSON answer of ``python -m MODULE ARGS`` (a child interpreter, so torch stays out)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "ckptbench.configs", *args],
+        proc = subprocess.run([sys.executable, "-m", module, *args],
                               capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"could not ask transformers about {what}: {exc}") from None
@@ -287,53 +287,9 @@ def build_problem(spec: ModelSpec, requested: tuple[str, ...] = ()) -> tuple[str
     kept and ignored by transformers, so it is named here instead.  The key is ``extra.NAME`` for such a key
     (or one the refusal names), "" when the refusal is the config's as a whole."""
     answer = _ask(["build-check", json.dumps({"spec": asdict(spec), "requested": list(requested)})],
-                  f"model_type {spec.family!r}")
+                  f"model_type {spec.family!r}", module="ckptbench.train.buildcheck")
     return (answer["key"], answer["reason"]) if answer.get("reason") else None
-
-
-def ignored_keys(model_type: str, keys) -> list[str]:
-    """Which of `keys` transformers would keep on the config and never read: not a field or alias of the
-    config class (or of every config), not consumed by its rope handling, and named nowhere in the modules
-    of the config and of the causal-LM class (qwen2 reads ``head_dim`` from the config without declaring it)."""
-    import inspect
-    import re
-
-    import transformers
-    from transformers import CONFIG_MAPPING, PretrainedConfig, modeling_rope_utils
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    cls = CONFIG_MAPPING[model_type]
-    known = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    known |= set(getattr(cls, "attribute_map", {})) | {f.name for f in dataclasses.fields(PretrainedConfig)}
-    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    sources = "\n".join(inspect.getsource(m) for m in (sys.modules[cls.__module__], sys.modules[model.__module__],
-                                                          modeling_rope_utils))
-    return [k for k in keys if k not in known and not re.search(rf"\b{re.escape(k)}\b", sources)]
-
-
-def build_problem_here(spec: ModelSpec, requested: list[str]) -> tuple[str, str] | None:
-    """The child's answer to :func:`build_problem`."""
-    import torch
-
-    from .train.models import build_model
-
-    ignored = ignored_keys(spec.family, requested)
-    if ignored:
-        return f"extra.{ignored[0]}", (f"model_type {spec.family!r} has no config key {ignored[0]!r}: transformers "
-                                       "would keep it and build the model without it")
-    try:
-        with torch.device("meta"):
-            build_model(spec, "meta")
-    except Exception as exc:
-        named = [k for k in requested if k in str(exc)]  # a [model] extra key the message names
-        return f"extra.{named[0]}" if named else "", (
-            f"transformers cannot build this {spec.family} model: {type(exc).__name__}: {error_line(exc)}"[:400])
-    return None
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["model-class"]:
     print(json.dumps(asdict(model_class_here(sys.argv[2]))))
-if __name__ == "__main__" and sys.argv[1:2] == ["build-check"]:
-    request = json.loads(sys.argv[2])
-    problem = build_problem_here(ModelSpec(**request["spec"]), request["requested"])
-    print(json.dumps({"key": problem[0], "reason": problem[1]} if problem else {}))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
 # analytic family that sets only these (and its dimensions) is still estimated analytically.  Dropout keys
-# are here because the builder turns dropout off.
+# are here because the analytic estimate is only asked when dropout is off (see DROPOUT_DEFAULTS).
 SHAPE_NEUTRAL_KEYS = frozenset({
     "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps", "layer_norm_epsilon", "initializer_range",
     "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "architectures", "transformers_version",
@@ -31,6 +31,17 @@ ANALYTIC_DEFAULTS: dict[str, dict] = {
     "qwen2": {"hidden_act": "silu"},
     "gpt2": {"activation_function": "gelu_new"},
 }
+# The dropout probabilities each analytic family's config class publishes (tests/unit/test_model_configs.py
+# asks transformers).  A model keeps them with ``dropout = "published"``; ``"off"`` (the default, what every
+# run did before there was a choice) sets every dropout key to 0.  The analytic estimate models no dropout
+# mask, so a model that runs with dropout is estimated by its simulation, which saves the masks the real
+# step saves.
+DROPOUT_DEFAULTS: dict[str, dict] = {
+    "llama": {"attention_dropout": 0.0},
+    "qwen2": {"attention_dropout": 0.0},
+    "gpt2": {"attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1, "summary_first_dropout": 0.1},
+}
+DROPOUTS = ("off", "published")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # precision name -> (parameter dtype, autocast dtype): pure precisions keep every tensor in one dtype; the
 # mixed ones are what Trainer(bf16=True / fp16=True) and Accelerator(mixed_precision=...) run: fp32 master
@@ -64,6 +75,9 @@ class ModelSpec:
     # any other config.json keys of the model type (sorted JSON, so the spec stays hashable): rope, sliding
     # windows, experts, head_dim ...; passed to AutoConfig.for_model as they are
     config: str = ""
+    # "off": every dropout key of the config set to 0 (runs repeat, the analytic estimate applies);
+    # "published": the config's own probabilities, as the user's config or the model type's defaults give them
+    dropout: str = "off"
 
     @property
     def config_extra(self) -> dict:
@@ -77,7 +91,7 @@ class ModelSpec:
     @property
     def analytic(self) -> bool:
         """Whether the analytic estimate describes this model (else the simulation is its estimate)."""
-        if self.family not in FAMILIES:
+        if self.family not in FAMILIES or any(self.published_dropout.values()):
             return False
         extra = self.config_extra
         if extra.get("head_dim") not in (None, self.hidden // self.heads):  # llama and qwen2 read it
@@ -85,6 +99,15 @@ class ModelSpec:
         modelled = ANALYTIC_DEFAULTS[self.family]
         return all(key in SHAPE_NEUTRAL_KEYS or (key in modelled and value == modelled[key])
                    for key, value in extra.items() if key != "head_dim")
+
+    @property
+    def published_dropout(self) -> dict[str, float]:
+        """The dropout probabilities an analytic family's model runs with: the config's (its extra keys over
+        the class defaults) when dropout is "published", none when it is "off".  Other families: {}."""
+        if self.dropout == "off" or self.family not in DROPOUT_DEFAULTS:
+            return {}
+        extra = self.config_extra
+        return {key: extra.get(key, value) for key, value in DROPOUT_DEFAULTS[self.family].items()}
 
     @property
     def head_dim(self) -> int:
@@ -273,6 +296,8 @@ class Case:
             del fields_["setup"]  # pure-dtype points of the manual loop keep the ids they had before
         if not fields_["model"]["config"]:
             del fields_["model"]["config"]  # points of the three built-in families keep their ids
+        if fields_["model"]["dropout"] == "off":
+            del fields_["model"]["dropout"]  # dropout was always off before it was a choice
         if self.data == DataSpec():
             del fields_["data"]  # points on random tokens keep the ids they had before data had a choice
         canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))

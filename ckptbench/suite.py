@@ -40,6 +40,7 @@ from .spec import (
     BYTE_VOCAB,
     DATA_SOURCES,
     DEVICES,
+    DROPOUTS,
     DTYPES,
     FAMILIES,
     LOOPS,
@@ -55,104 +56,24 @@ from .spec import (
     canonical_config,
     preset,
 )
-
-# A suite's axes may cross to more points than a sweep runs without --yes (cli/sweep.py's MAX_POINTS), but
-# not to more than this: each point is a Case in memory before anything runs.
-MAX_CROSSED = 1_000_000  # about 630 B a Case: 0.6 GB at most
-MAX_LAYERS = 10_000  # the deepest trained models have about 120; a typo's 100,000 would only hang
-
-
-class SuiteError(Exception):
-    """A suite that cannot run: says which file, which key, and why."""
-
-    def __init__(self, path: str, key: str, reason: str):
-        self.path, self.key, self.reason = path, key, reason
-        super().__init__(f"{path}: {key}: {reason}")
-
-
-SUITE_KEYS = {"name": str, "description": str, "timeout_s": (int, float), "memory_budget_gib": (int, float),
-              "budgets_gib": list, "device": str, "repeats": int}
-MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_positions")
-MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "hub": str, "extra": dict,
-              "dtype": str, "precision": str, "attn": str, "label": str, "tie_embeddings": bool, **dict.fromkeys(MODEL_DIMS, int)}
-MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
-TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
-              "memory_steps": int, "seed": int, "threads": int, "loop": str}
-AXES = {"seed": int, "precision": str, "loop": str, "batch_size": int, "seq_len": int, "every_n_layers": int,
-        "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
-# seed: [train.seed]; precision: [model.precision] (or model.dtype); loop: [train.loop]
-AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
-                 "world_size": [1], "sync_impl": ["accelerate"], "seed": [], "precision": [], "loop": []}
-DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
-             "eval_every": int, "eval_batches": int}
-# [slurm]: how `sweep --launcher slurm` asks for each job; flags of the same name override it.
-SLURM_KEYS = {"partition": str, "account": str, "qos": str, "constraint": str, "time_min": (int, float),
-              "gpus_per_task": int, "cpus_per_task": int, "mem_gib": (int, float), "jobs": int,
-              "array_parallelism": int, "setup": list}
-TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep": AXES, "data": DATA_KEYS,
-          "slurm": SLURM_KEYS}
-
-
-def _type_name(t) -> str:
-    if isinstance(t, tuple):
-        return "number"
-    return {int: "integer", str: "string", bool: "boolean", list: "array", float: "number"}[t]
-
-
-def _is(value, t) -> bool:
-    if isinstance(value, bool) and t is not bool and not (isinstance(t, tuple) and bool in t):
-        return False  # TOML booleans are not numbers here
-    return isinstance(value, t)
-
-
-class _Checker:
-    def __init__(self, path: str):
-        self.path = path
-
-    def fail(self, key: str, reason: str):
-        raise SuiteError(self.path, key, reason)
-
-    def table(self, data: dict, name: str) -> dict:
-        table = data.get(name, {})
-        if not isinstance(table, dict):
-            self.fail(name, f"must be a table ([{name}]), got {type(table).__name__}")
-        allowed = TABLES[name]
-        for key, value in table.items():
-            if key not in allowed:
-                self.fail(f"{name}.{key}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
-            if name != "sweep" and not _is(value, allowed[key]):
-                self.fail(f"{name}.{key}", f"must be {_type_name(allowed[key])}, got {value!r}")
-        return table
-
-    def positive(self, key: str, value, allow_zero: bool = False):
-        if isinstance(value, float) and not math.isfinite(value):
-            self.fail(key, f"must be a finite number, got {value!r}")
-        if value < 0 or (value == 0 and not allow_zero):
-            self.fail(key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-        return value
-
-    def axis(self, sweep: dict, key: str) -> list:
-        if key not in sweep:
-            if key in AXIS_DEFAULTS:
-                return list(AXIS_DEFAULTS[key])
-            self.fail(f"sweep.{key}", "missing (a list of values to sweep)")
-        values = sweep[key]
-        values = values if isinstance(values, list) else [values]
-        if not values:
-            self.fail(f"sweep.{key}", "empty list: give at least one value")
-        for v in values:
-            if not _is(v, AXES[key]):
-                self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
-        seen: set = set()
-        for v in values:  # one pass: a 40,000-value axis is checked as fast as a short one
-            if v in seen:
-                self.fail(f"sweep.{key}", f"duplicate value {v!r}")
-            seen.add(v)
-        if AXES[key] is int:
-            zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed")
-            for v in values:
-                self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
-        return values
+from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are this module's API too)
+    AXES,
+    AXIS_DEFAULTS,
+    DATA_KEYS,
+    MAX_CROSSED,
+    MAX_LAYERS,
+    MODEL_DIMS,
+    MODEL_KEYS,
+    MODEL_SOURCES,
+    SLURM_KEYS,
+    SUITE_KEYS,
+    TABLES,
+    TRAIN_KEYS,
+    SuiteError,
+    _Checker,
+    _is,
+    compute_dtype,
+)
 
 
 def _source(ck: _Checker, table: dict) -> dict:
@@ -202,18 +123,12 @@ def _near(suite_path: str, path: str) -> str:
     return beside if os.path.exists(beside) else path
 
 
-def compute_dtype(precision: str) -> str:
-    """The dtype a precision computes in: the autocast dtype of a mixed one, else the parameters'."""
-    dtype, autocast = PRECISIONS[precision]
-    return autocast or dtype
-
-
 def _model(ck: _Checker, table: dict, device: str, precisions: list | None = None) -> tuple[ModelSpec, str, list]:
     """The model, when the suite names no attention which one transformers' default gives and why, and the
     precisions the points run in (the sweep's axis, else the model's precision or dtype)."""
     values = _source(ck, table)
     source = dict(values)
-    for key in ("family", "dtype", "attn", "tie_embeddings", *MODEL_DIMS):
+    for key in ("family", "dtype", "attn", "tie_embeddings", "dropout", *MODEL_DIMS):
         if key in table and not (key == "family" and "preset" not in table and "model_type" in table):
             values[key] = table[key]
     if "model_type" in table and "preset" in table:
@@ -253,6 +168,9 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
         # the dtype attention computes in; fp32 anywhere in the sweep decides (see default_attention)
         compute = "fp32" if any(compute_dtype(p) == "fp32" for p in precisions) else compute_dtype(precisions[0])
         values["attn"], attn_note = default_attention(values["family"], device, compute, cls.supports_sdpa)
+    if values.get("dropout", "off") not in DROPOUTS:
+        ck.fail("model.dropout", f"unknown dropout {values['dropout']!r}; known: {', '.join(DROPOUTS)} "
+                "(off: every dropout probability 0; published: the config's own)")
     if values.get("attn", "eager") not in ATTENTIONS:
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:

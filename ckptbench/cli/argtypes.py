@@ -50,6 +50,17 @@ def at_least_zero(text: str) -> int:
     return value
 
 
+def statuses(text: str) -> tuple[str, ...]:
+    """'crash,timeout' -> ('crash', 'timeout'): statuses --resume runs again (each one --retry may name)."""
+    from ..run.sweep import RETRYABLE
+
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    wrong = [v for v in values if v not in RETRYABLE]
+    if wrong or not values:
+        raise argparse.ArgumentTypeError(f"--retry takes statuses among {','.join(RETRYABLE)}, got {text!r}")
+    return values
+
+
 def devices(text: str) -> tuple[int, ...]:
     """'0,1,2' -> (0, 1, 2): device indices as the process sees them."""
     try:

@@ -82,7 +82,8 @@ def launch(args, suite, options, console) -> int:
     n = settings.jobs
     live = [s.shard for s in shard_states(options.out_dir) if s.held]
     repeats = options.repeats or suite.repeats
-    todo = {i: len(pending(plan(suite, (i, n)), recorded, True, repeats)[0]) for i in range(1, n + 1)}
+    todo = {i: len(pending(plan(suite, (i, n)), recorded, True, repeats, options.retry, options.max_attempts)[0])
+            for i in range(1, n + 1)}
     busy = {i: [s for s in live if overlapping((i, n), s, len(suite.cases))] for i in todo}
     shards = [i for i, k in todo.items() if k and not busy[i]]
     for i in sorted(i for i, k in todo.items() if k and busy[i]):

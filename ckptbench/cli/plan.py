@@ -123,7 +123,11 @@ def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
     from ..store.records import load_records
     from ..theory import plan as planner
 
-    margin, context, used = planner.measured_margins(load_records(run_dir).records)
+    loaded = load_records(run_dir)
+    for note in loaded.notes():
+        if "no records file" not in note:
+            print(f"warning: {note}", file=sys.stderr)
+    margin, context, used = planner.measured_margins(loaded.records)
     if margin is None and context is None:
         raise UsageError(f"{run_dir}: no ok CUDA record with allocator or NVML figures to measure the margins from")
     if margin is not None:
@@ -241,7 +245,7 @@ def cmd_plan(args) -> int:
     if args.verify:
         from .verify import verify
 
-        return verify(args, spec, options, a, predict)
+        return verify(args, case, options, a, predict)
     return 0
 
 

@@ -31,6 +31,7 @@ def require_records(run: str, what: str):
 
 def cmd_report(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     if not os.path.exists(args.run):
         raise UsageError(f"{args.run}: no such results directory")
@@ -39,8 +40,11 @@ def cmd_report(args) -> int:
         raise UsageError(f"{args.baseline}: no such baseline results directory")
     if os.path.isdir(out):
         raise UsageError(f"-o {out} is a directory; give the HTML file's path")
-    require_records(args.run, "report")
-    return render(args.run, out, Console(stderr=True), args.baseline)
+    loaded = require_records(args.run, "report")
+    console = Console(stderr=True)
+    for note in loaded.notes():
+        console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    return render(args.run, out, console, args.baseline)
 
 
 def _percent(text: str) -> float:

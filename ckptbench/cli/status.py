@@ -53,7 +53,7 @@ def print_status(run_dir: str, console, list_missing: bool = False) -> None:
     for job in st.jobs:
         console.print(f"  job {job.job_id} ({job.launcher}, shard {job.shard[0]}/{job.shard[1]}): {escape(job.state)}")  # text from files: no markup
     for problem in st.problems:
-        console.print(f"[yellow]warning:[/yellow] {problem}")
+        console.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     if list_missing:
         for case, k in st.missing:
             console.print(f"    missing {case.id} repeat {k}  {case.strategy} b={case.batch_size} s={case.seq_len} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from .nodes import from_args as nodes_from
 
 # A sweep larger than this runs only when asked twice: a typo in an axis multiplies the plan.
 MAX_POINTS = 10_000
+EXIT_SIGTERM = 143  # 128 + SIGTERM, as a shell reports it: the sweep stopped on SIGTERM, records kept
 
 
 def _fmt_mib(value) -> str:
@@ -88,14 +90,15 @@ def _projection(cases, measured):
     return projection, projection.text()
 
 
-def _still_to_run(cases, out: str, resume: bool, repeats: int):
+def _still_to_run(cases, out: str, options):
     """The Cases a sweep into `out` would run, once per repeat (what the projection gate must weigh)."""
     from ..run.sweep import pending
     from ..store.records import load_records
 
     path = os.path.join(out, "records.jsonl")
     recorded = load_records(path, merged=False).records if os.path.isfile(path) else []
-    return [case for case, _ in pending(cases, recorded, resume, repeats)[0]]
+    return [case for case, _ in pending(cases, recorded, options.resume, options.repeats, options.retry,
+                                        options.max_attempts)[0]]
 
 
 def _memory_line(cases, cap: int | None) -> str:
@@ -188,7 +191,7 @@ def cmd_sweep(args) -> int:
     from rich.console import Console
 
     from ..run.calibration import machine_rates
-    from ..run.scheduler import Interrupted
+    from ..run.scheduler import Interrupted, Stopped, StopRequest
     from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
@@ -220,17 +223,20 @@ def cmd_sweep(args) -> int:
         raise UsageError(f"{len(cases)} points to run (more than {MAX_POINTS:,}): look at them with --dry-run, "
                          "then pass --yes to run them")
     repeats = args.repeat or suite.repeats
+    if args.retry and not args.resume:
+        raise UsageError("--retry reruns recorded points: it goes with --resume")
+    nodes = nodes_from(args, [c.world_size for c in cases])
+    options = SweepOptions(nodes=nodes, out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
+                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats,
+                           parallel=args.parallel, devices=args.devices, retry=args.retry or (),
+                           max_attempts=args.max_attempts)
     rates = functools.cache(lambda: machine_rates(cases))  # measured once, only when it is needed
     if args.max_minutes and not args.yes:
-        projection = _projection(_still_to_run(cases, out, args.resume, repeats), rates())[0]
+        projection = _projection(_still_to_run(cases, out, options), rates())[0]
         if projection is not None and projection.seconds > 60 * args.max_minutes:
             raise UsageError(f"projected {projection.seconds / 60:.1f} min > --max-minutes {args.max_minutes:g}: "
                              "points not started by then would be recorded skipped; pass --yes to start anyway, "
                              "or plan less")
-    nodes = nodes_from(args, [c.world_size for c in cases])
-    options = SweepOptions(nodes=nodes, out_dir=out, resume=args.resume, shard=args.shard, timeout_s=args.timeout,
-                           max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats,
-                           parallel=args.parallel, devices=args.devices)
     from .distribute import check_flags, launch
 
     check_flags(args, cases)
@@ -260,15 +266,23 @@ def cmd_sweep(args) -> int:
                                  f"s={record['case']['seq_len']}: {record['status']} peak {peak} MiB")
 
         started = time.monotonic()
+        stop = StopRequest()
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.request("SIGTERM", None))
         try:
             result = run_sweep(suite, options, on_record=on_record, annotate=_with_projection(annotate_record, plan_state), on_start=on_start,
-                               on_running=slot_lines(progress))
+                               on_running=slot_lines(progress), stop=stop)
         except Interrupted as exc:
             progress.stop()
             console.print(f"[yellow]{exc}[/yellow]; finished records are in {out}. Resume with:\n"
                           f"  python -m ckptbench sweep --suite {args.suite or os.path.join(out, 'suite.toml')} "
                           f"--out {out} --resume")
             return 130
+        except Stopped as exc:  # SIGTERM: the points in flight were dropped whole, every record kept
+            progress.stop()
+            print(f"interrupted by SIGTERM: {exc.done} points done, resume with --resume", file=sys.stderr)
+            return EXIT_SIGTERM
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         progress.update(task, completed=len(cases) * repeats)
     if plan_text:  # the report sets each point the plan predicted beside its prediction
         from ..store.files import write_text_atomic
@@ -280,8 +294,10 @@ def cmd_sweep(args) -> int:
     from ..store.records import load_records
 
     loaded = load_records(out)
-    for problem in loaded.problems:
-        console.print(f"[yellow]warning:[/yellow] {problem}")
+    from rich.markup import escape
+
+    for problem in loaded.notes():
+        console.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     from ..store.records import latest_per_case
 
     shown = latest_per_case(result.records)  # a Case run several times is one row, its times pooled
@@ -309,6 +325,12 @@ def add_parser(sub) -> None:
                                    "neither: the default suite for this machine (GPU or CPU)")
     p.add_argument("--out", help="results directory (default results/<suite>-<time>)")
     p.add_argument("--resume", action="store_true", help="skip Cases already recorded in --out")
+    p.add_argument("--retry", type=argtypes.statuses, metavar="STATUSES",
+                   help="with --resume: also run again the points last recorded with one of these statuses "
+                        "(e.g. crash,timeout,oom: a full disk, a kill, a loaded machine), each record counting its "
+                        "`attempt`")
+    p.add_argument("--max-attempts", type=argtypes.at_least_one, default=3, metavar="N",
+                   help="--retry runs a point again only while it has had fewer than N runs (default 3)")
     p.add_argument("--dry-run", action="store_true", help="count the Cases per strategy and exit without running")
     p.add_argument("--list", action="store_true", help="with --dry-run: print every Case and its id")
     p.add_argument("--yes", action="store_true", help=f"run a sweep of more than {MAX_POINTS:,} points")

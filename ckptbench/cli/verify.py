@@ -15,18 +15,19 @@ import statistics
 import time
 
 
-def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]], seq: int) -> str:
+def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]], seq: int,
+                loop: str = "manual") -> str:
     """One suite per verify run; each (every_n, batch, offload) triple is a sweep of its own axis values."""
     batches = sorted({b for _, b, _ in points})
     every_n = sorted({n for n, _, _ in points})
     offload = sorted({o for _, _, o in points})
     return (f'[suite]\nname = "plan-verify"\ndevice = "{device}"\n[model]\n{spec_line}\n'
-            "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 3\n"
+            f'[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 3\nloop = "{loop}"\n'
             f"[sweep]\nbatch_size = {batches}\nseq_len = [{seq}]\nevery_n_layers = {every_n}\n"
             f"offload = [{', '.join('true' if o else 'false' for o in offload)}]\n")
 
 
-def verify(args, spec, options, a, predict) -> int:
+def verify(args, planned, options, a, predict) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
     from ..suite import parse_suite
@@ -44,8 +45,10 @@ def verify(args, spec, options, a, predict) -> int:
         wanted.append((best.every_n_layers, best.max_batch - 1, best.offload))
     if len(fitting) > 1:
         wanted.append((fitting[1].every_n_layers, fitting[1].max_batch, fitting[1].offload))
-    lines = model_lines(args.model, layers=args.layers, dtype=spec.dtype, attn=spec.attn)
-    suite = parse_suite(_suite_text("\n".join(lines), a.device, wanted, args.seq), "plan --verify")
+    spec = planned.model  # the plan's Case: its model, precision and loop are what runs
+    lines = model_lines(args.model, layers=args.layers, precision=planned.precision, attn=spec.attn)
+    suite = parse_suite(_suite_text("\n".join(lines), a.device, wanted, args.seq, planned.setup.loop),
+                        "plan --verify")
     cases = [c for c in suite.cases if (c.every_n_layers, c.batch_size, c.offload) in wanted]
     suite = dataclasses.replace(suite, cases=tuple(cases))
     out = args.out or os.path.join("results", f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}")

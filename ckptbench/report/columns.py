@@ -30,6 +30,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "loop": ("case.setup.loop", "str"),  # absent on records from before the loops: manual
     "attn": ("case.model.attn", "str"),
     "attn_ran": ("measurement.attn_implementation", "str"),  # what transformers built the model with
+    "dropout": ("case.model.dropout", "str"),  # absent on records from before it was a choice: off
+    "dropout_ran": ("measurement.dropout", "obj"),  # the probabilities the built model's config held
     "batch": ("case.batch_size", "num"),
     "seq": ("case.seq_len", "num"),
     "every_n": ("case.every_n_layers", "num"),
@@ -121,6 +123,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
     out["precision"] = [f"{ac}-mixed" if ac else dt for ac, dt in zip(out["autocast"], out["dtype"])]
     out["loop"] = [loop or "manual" for loop in out["loop"]]
+    out["dropout"] = [dropout_label(ran, asked) for ran, asked in zip(out["dropout_ran"], out["dropout"])]
     out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")
                     for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
@@ -132,6 +135,15 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def dropout_label(ran, asked: str) -> str:
+    """What dropout ran: "dropout off" when every probability the model's config held was 0, else the
+    largest ("dropout 0.1"); from the Case's choice on records from before the worker recorded it."""
+    if isinstance(ran, dict):
+        top = max(ran.values(), default=0.0)
+        return f"dropout {top:g}" if top else "dropout off"
+    return "dropout off" if asked in ("", "off") else f"dropout {asked}"
+
+
 def _strategy_name(every_n, offload) -> str:
     if _missing(every_n):
         return "?"
@@ -140,7 +152,8 @@ def _strategy_name(every_n, offload) -> str:
 
 def _variant(row) -> str:
     """Everything but batch, seq and strategy: points with equal variants are comparable."""
-    parts = [row.model, row.precision or "?", row.attn or "?"]
+    # dropout always shows: "off" is a choice the Case made (a gpt2 config publishes 0.1)
+    parts = [row.model, row.precision or "?", row.attn or "?", row.dropout]
     if row.loop != "manual":
         parts.append(f"{row.loop} loop")
     if not _missing(row.world) and row.world > 1:

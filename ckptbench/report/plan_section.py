@@ -46,6 +46,15 @@ def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
                   f"Fastest first; the recommendation is red. {plan['recommendation']}")
 
 
+def _same_setup(plan: dict, case: dict) -> bool:
+    """Whether a plan (which names its precision and loop since they exist) is about this point's setup."""
+    setup = case.get("setup") or {}
+    autocast = setup.get("autocast") or ""
+    precision = f"{autocast}-mixed" if autocast else (case.get("model") or {}).get("dtype")
+    return (plan.get("precision", precision) == precision
+            and plan.get("loop", "manual") == (setup.get("loop") or "manual"))
+
+
 def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list[dict]:
     """Each measured point the plan made a prediction for.
 
@@ -64,6 +73,8 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
     for r in records:
         c, m = r.get("case") or {}, r.get("measurement") or {}
         p = r.get("plan_prediction")
+        if not p and plan and not _same_setup(plan, c):
+            continue  # a plan for another precision or loop predicted nothing about this point
         if not p:
             o = by_point.get((c.get("every_n_layers"), bool(c.get("offload")), c.get("batch_size"), c.get("seq_len")))
             p = o and {"peak_bytes": o.get("peak_bytes"), "tokens_per_s": o.get("tokens_per_s")}

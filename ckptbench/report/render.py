@@ -95,7 +95,7 @@ def _load(path: str):
 def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     ctx = Context(title=os.path.basename(os.path.normpath(run_dir)) or run_dir, run_dir=run_dir)
     loaded, frame, t = _load(run_dir)
-    ctx.problems.extend(loaded.problems)
+    ctx.problems.extend(loaded.notes())
     suite = _guard(ctx, "suite file", lambda: read_suite(run_dir), SuiteInfo(note="suite file unreadable"))
     d = ctx.data
     d["suite"] = suite

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow", "slower", "hog", "hog-kill")
+FAULT_KINDS = ("raise", "segfault", "hang", "exit", "slow", "slower", "hog", "hog-kill", "disk-full", "alloc")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """What to do inside the worker: raise, segfault, hang, exit(3), sleep ``seconds`` per timed step, make
-    each timed step ``fraction`` longer than it was (``slower``: 0.2 is a 20 % slowdown), or
-    grow its resident memory to ``nbytes`` and hold it (``hog``) or then die of SIGKILL as the kernel's
-    OOM killer would make it (``hog-kill``)."""
+    """What to do inside the worker: raise, segfault, hang, exit(3), fail a write with ENOSPC (``disk-full``),
+    sleep ``seconds`` per timed step, make each timed step ``fraction`` longer than it was (``slower``: 0.2 is
+    a 20 % slowdown), or grow its resident memory to ``nbytes`` of shared memory and hold it (``hog``) or then
+    SIGKILL itself (``hog-kill``: a kill with no memory mechanism behind it), or allocate a tensor of
+    ``nbytes`` through torch's CPU allocator (``alloc``)."""
 
     kind: str
     seconds: float = 0.0

@@ -9,20 +9,49 @@ becomes a result dict: its own result file, a timeout, a signal, or an exit with
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
+from ..errors import WORKER_DISK_FULL_EXIT, storage_reason
 from ..spec import Case
 from ..store.files import tail
 from .faults import Fault
 from .hostmem import WorkerWatch, explain_kill, human_bytes, read_host_memory
+from .lifeline import SERVER_PARENT_VAR
 from .slots import Placement
 
 STDERR_TAIL_CHARS = 2000
 SAMPLE_S = 0.1  # how often a running worker's memory is read (a few /proc files: microseconds)
+# What the fork server imports before its first fork: its lifeline first (it must not outlive the sweep
+# while importing torch), then torch, transformers and our probes, then what transformers imports lazily
+# on the first model build (about a third of a second per worker otherwise)
+PRELOAD = ["ckptbench.run.serverguard", "ckptbench.run.worker", "ckptbench.run.preload"]
+
+
+def start_fork_server() -> None:
+    """Start the workers' fork server now (if it is not running), armed to die with this process.
+
+    From the main thread only: Linux sends the parent-death signal when the *thread* that started a
+    child ends, and only the main thread lives as long as the sweep.  Started from another thread (by a
+    point's first worker, with no call here) the server is not armed, and exits the slower way, when its
+    pipe to the sweep closes.
+    """
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    os.environ[SERVER_PARENT_VAR] = str(os.getpid())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(SERVER_PARENT_VAR, None)
 
 
 class IsolatedRunner:
@@ -30,9 +59,7 @@ class IsolatedRunner:
 
     def __init__(self) -> None:
         self.ctx = multiprocessing.get_context("forkserver")
-        # worker: torch, transformers and our probes; preload: what transformers imports lazily on the
-        # first model build (about a third of a second per worker otherwise)
-        self.ctx.set_forkserver_preload(["ckptbench.run.worker", "ckptbench.run.preload"])
+        self.ctx.set_forkserver_preload(PRELOAD)
         self.current = None
         self.cancelled = False  # kill_current was called: a worker started after that is killed at once
 
@@ -54,7 +81,7 @@ class IsolatedRunner:
                 os.remove(stale)
         t_submit = time.time()
         proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault,
-                                                         timeout_s, where), name=f"ckptbench-{case.id}")
+                                                         timeout_s, where, memory_cap), name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
         if self.cancelled:  # stopped from another thread while this one was starting the worker
@@ -71,6 +98,8 @@ class IsolatedRunner:
             os.remove(result_path)
         elif proc.exitcode is not None and proc.exitcode < 0:
             result = _killed(signal.Signals(-proc.exitcode).name, watch)
+        elif proc.exitcode == WORKER_DISK_FULL_EXIT:
+            result = {"status": "crash", "reason": f"{storage_reason(errno.ENOSPC)} writing {result_path}"}
         else:
             result = {"status": "crash", "reason": f"worker exited with code {proc.exitcode} and no result"}
         if result["status"] != "ok":

@@ -1,10 +1,12 @@
 """How much memory this machine (and its container) can still give, and how much a worker holds.
 
 A worker killed by SIGKILL leaves no message: the kernel's OOM killer, a job manager and a user's
-``kill -9`` look the same from outside.  What tells them apart is the memory around the death, so the
-sweep samples it while a worker runs (:class:`WorkerWatch`) and names the death ``oom`` only with the
-figures that make it one (:func:`explain_kill`).  The same readings size a point before it starts: a
-point whose estimated peak exceeds what is available is not started (see :mod:`.fits`).
+``kill -9`` look the same from outside.  So ``oom`` names only what a mechanism stopped: the kernel's
+own count of OOM kills in the memory cgroup, the machine out of memory at the sweep's last look before
+the death (:func:`explain_kill`), the sweep's stop of a worker past ``--memory-gib`` (:class:`WorkerWatch`),
+or an allocation refused by the limit a CPU worker sets on its private memory (:func:`limit_private_memory`),
+which the worker records itself.  The same readings size a point before it starts: a point whose
+estimated peak exceeds what is available is not started (see :mod:`.fits`).
 
 Everything here reads ``/proc`` and the cgroup files (v2 or v1), never imports torch, and answers None
 where a file is missing (another OS, a sandbox): an unknown figure never becomes a verdict.
@@ -16,9 +18,8 @@ import os
 from dataclasses import dataclass, field
 
 # A SIGKILLed worker is called out of memory when, at the last look before it died, the machine had less
-# than this fraction of its memory available, or the worker held this close to the --memory cap.
+# than this fraction of its memory available (the last look: an early dip says nothing of a later death).
 LOW_AVAILABLE_FRACTION = 0.05
-NEAR_CAP_FRACTION = 0.90
 UNLIMITED = 2**62  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
 
 
@@ -144,7 +145,7 @@ class WorkerWatch:
     before: HostMemory = field(default_factory=read_host_memory)
     peak_rss: int = 0
     last_rss: int = 0
-    least_usable: HostMemory | None = None
+    last_host: HostMemory | None = None  # the machine at the last look while the worker was alive
     samples: int = 0
 
     def sample(self) -> None:
@@ -154,37 +155,54 @@ class WorkerWatch:
         self.last_rss, hwm = own
         self.peak_rss = max(self.peak_rss, hwm)
         host = read_host_memory()
-        if host.usable is not None and (self.least_usable is None or host.usable < self.least_usable.usable):
-            self.least_usable = host
+        if host.usable is not None:
+            self.last_host = host
         self.samples += 1
 
     def over_cap(self) -> bool:
         return self.cap is not None and self.peak_rss > self.cap
 
     def figures(self) -> dict:
-        least = self.least_usable
+        last = self.last_host
         return {"worker_peak_rss_bytes": self.peak_rss or None, "memory_cap_bytes": self.cap,
-                "least_available_bytes": least.usable if least else None,
-                "machine_bytes": least.capacity if least else self.before.capacity, "samples": self.samples}
+                "last_available_bytes": last.usable if last else None,
+                "machine_bytes": last.capacity if last else self.before.capacity, "samples": self.samples}
 
 
 def explain_kill(watch: WorkerWatch, after: HostMemory) -> str | None:
     """Why a worker that died of SIGKILL was out of memory, or None when nothing says it was.
 
-    Any of three signs: the cgroup's OOM-kill counter rose while the worker ran; the machine (or
-    container) had under :data:`LOW_AVAILABLE_FRACTION` of its memory left at the last look; the
-    worker held :data:`NEAR_CAP_FRACTION` or more of the ``--memory`` cap.
+    Either of two signs: the cgroup's OOM-kill counter rose while the worker ran; the machine (or
+    container) had under :data:`LOW_AVAILABLE_FRACTION` of its memory left at the last look before the
+    death.  How close the worker came to ``--memory-gib`` is no sign: nothing kills at that cap but the
+    sweep itself, which says so (see :meth:`WorkerWatch.over_cap`).
     """
     f = watch.figures()
     held = f"the worker held {human_bytes(watch.peak_rss)} at its peak" if watch.peak_rss else "the worker's size is unknown"
     if watch.before.oom_kills is not None and after.oom_kills is not None and after.oom_kills > watch.before.oom_kills:
         return (f"killed by the kernel's OOM killer (the memory cgroup's oom_kill count rose from "
                 f"{watch.before.oom_kills} to {after.oom_kills}); {held}")
-    least, machine = f["least_available_bytes"], f["machine_bytes"]
-    if least is not None and machine and least < LOW_AVAILABLE_FRACTION * machine:
-        return (f"killed by SIGKILL while memory ran out: {held}, and only {human_bytes(least)} of the machine's "
+    last, machine = f["last_available_bytes"], f["machine_bytes"]
+    if last is not None and machine and last < LOW_AVAILABLE_FRACTION * machine:
+        return (f"killed by SIGKILL while memory ran out: {held}, and only {human_bytes(last)} of the machine's "
                 f"{human_bytes(machine)} was available at the last look")
-    if watch.cap and watch.peak_rss >= NEAR_CAP_FRACTION * watch.cap:
-        return (f"killed by SIGKILL at the memory limit: {held}, {watch.peak_rss / watch.cap:.0%} of the "
-                f"--memory cap of {human_bytes(watch.cap)}")
     return None
+
+
+def limit_private_memory(cap: int) -> bool:
+    """In a worker: make an allocation that would take this process's private memory past `cap` fail.
+
+    ``RLIMIT_DATA`` (Linux ≥ 4.7 counts every private writable mapping, so torch's CPU allocator is
+    refused with ``can't allocate memory``, Python with ``MemoryError``), which the worker records as
+    ``oom``.  Shared memory escapes it, so the sweep still stops a worker whose resident memory passes
+    the cap.  Not set (False) when the process already holds more than `cap`: it could not even write
+    its result, and the sweep stops it.
+    """
+    import resource
+
+    data = _kib_fields(_read("/proc/self/status"), ("VmData",)).get("VmData")
+    if data is None or data >= cap:
+        return False
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    return True

@@ -19,7 +19,7 @@ from ..measure.storage import StorageSerials
 
 class MemoryStepMarks:
     """``start`` · (``forward_begin`` · ``forward_end`` · ``backward_end``) per micro-batch ·
-    ``optimizer_begin`` · ``stop`` · ``result``."""
+    [``grad_clip_begin``] · ``optimizer_begin`` · ``stop`` · ``result``."""
 
     def __init__(self, layers: list[torch.nn.Module]):
         self.layers = layers
@@ -59,6 +59,11 @@ class MemoryStepMarks:
         if self.layer_probe.in_backward:
             self.layer_probe.in_backward = False
             self.micro += 1
+
+    def grad_clip_begin(self) -> None:
+        """A loop that clips its gradients (Trainer) does so between the backward and the optimizer."""
+        self.backward_end()
+        self.probe.set_phase("grad-clip")
 
     def optimizer_begin(self) -> None:
         self.backward_end()

@@ -149,6 +149,9 @@ def run_on_slots(todo: list[tuple[Case, int]], slots: tuple[Slot, ...], start: S
         # their records, not yet appended, will be run again by --resume.
         _kill(running)
         raise Interrupted(recorded, len(todo) - recorded) from None
+    except Exception:
+        _kill(running)  # a record that could not be written (a full disk) ends the sweep: nothing left running
+        raise
     return recorded
 
 

@@ -11,6 +11,9 @@ with its own shard (``1/1`` and ``1/2`` do, ``1/2`` and ``2/2`` do not) refuses 
 Beside its lock a sweep keeps ``OUT/.sweep-I-of-N.json``, replaced atomically as points start and end:
 who holds the shard (pid, host, job) and the points in flight with their slots.  ``ckptbench status``
 believes it only while the lock is held; left behind by a sweep that died, it names what was running.
+The state also names the suite (a digest of its text): shards of one directory are shards of one suite,
+so a sweep of another suite is refused while any sweep holds a shard there, whatever the shards.  The
+state is written under the directory lock, so a sweep starting a moment later already sees it.
 Torch-free: the sweep's parent and ``ckptbench status`` import it.
 """
 
@@ -103,14 +106,17 @@ def _shards_in(out_dir: str) -> list[tuple[int, int]]:
 class SweepLock:
     """Held for the life of one sweep of one shard of one results directory."""
 
-    def __init__(self, out_dir: str, shard: tuple[int, int], n_cases: int, job: str | None = None):
+    def __init__(self, out_dir: str, shard: tuple[int, int], n_cases: int, job: str | None = None,
+                 suite: str | None = None, suite_name: str = ""):
         self.out_dir, self.shard, self.n_cases, self.job = out_dir, shard, n_cases, job
+        self.suite, self.suite_name = suite, suite_name  # the suite's digest (None: not compared) and name
         self.path = lock_path(out_dir, shard)
         self.fd: int | None = None
         self.state: dict = {}
 
     def __enter__(self) -> SweepLock:
         with _DirectoryLock(self.out_dir):
+            self._refuse_another_suite()
             for other in _shards_in(self.out_dir):
                 if other != self.shard and overlapping(self.shard, other, self.n_cases) \
                         and _held(lock_path(self.out_dir, other)):
@@ -129,14 +135,28 @@ class SweepLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             self.fd = fd
-        self.state = {"shard": list(self.shard), "pid": os.getpid(), "host": socket.gethostname(), "job": self.job,
-                      "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "running": []}
-        try:
-            write_json_atomic(state_path(self.out_dir, self.shard), self.state)
-        except BaseException:
-            self.__exit__(None)
-            raise
+            self.state = {"shard": list(self.shard), "pid": os.getpid(), "host": socket.gethostname(),
+                          "job": self.job, "suite": self.suite, "suite_name": self.suite_name,
+                          "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "running": []}
+            try:
+                write_json_atomic(state_path(self.out_dir, self.shard), self.state)
+            except BaseException:
+                self.__exit__(None)
+                raise
         return self
+
+    def _refuse_another_suite(self) -> None:
+        """Under the directory lock: no live sweep of the directory may be running another suite."""
+        if self.suite is None:
+            return
+        for other in _shards_in(self.out_dir):
+            if other == self.shard or not _held(lock_path(self.out_dir, other)):
+                continue
+            info = _state(self.out_dir, other)
+            if info.get("suite") not in (None, self.suite):
+                raise UsageError(f"another sweep (pid {info.get('pid', '?')}) is running shard {other[0]}/{other[1]} "
+                                 f"of a different suite ({info.get('suite_name') or '?'}) into {self.out_dir}; "
+                                 "shards of one directory must run one suite: write to another --out")
 
     def running(self, points: list[dict]) -> None:
         """The points in flight now (case id, repeat, slots, since), for ``ckptbench status``."""
@@ -162,15 +182,18 @@ class ShardState:
     info: dict = field(default_factory=dict)  # the state file: pid, host, job, running, started_at, ended_at
 
 
+def _state(out_dir: str, shard: tuple[int, int]) -> dict:
+    """What the sweep of `shard` said last (empty when unreadable)."""
+    try:
+        with open(state_path(out_dir, shard), encoding="utf-8") as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        info = {}
+    return info if isinstance(info, dict) else {}
+
+
 def shard_states(out_dir: str) -> list[ShardState]:
     """Every shard that a sweep ever locked in `out_dir`, probed under the directory lock."""
-    out = []
     with _DirectoryLock(out_dir, exclusive=False):
-        for shard in _shards_in(out_dir):
-            try:
-                with open(state_path(out_dir, shard), encoding="utf-8") as fh:
-                    info = json.load(fh)
-            except (OSError, ValueError):
-                info = {}
-            out.append(ShardState(shard, _held(lock_path(out_dir, shard)), info if isinstance(info, dict) else {}))
-    return out
+        return [ShardState(shard, _held(lock_path(out_dir, shard)), _state(out_dir, shard))
+                for shard in _shards_in(out_dir)]

@@ -59,7 +59,7 @@ def run_status(run_dir: str) -> RunStatus:
     repeats = max([suite.repeats, *(r.get("repeats", 1) for r in recorded)])
     last = {(r["case_id"], r.get("repeat", 0)): r for r in recorded}
     out = RunStatus(run_dir, suite.name, len(suite.cases) * repeats,
-                    problems=[p for p in loaded.problems if "no records file" not in p])
+                    problems=[p for p in loaded.notes() if "no records file" not in p])
     out.shards = shard_states(run_dir)
     live = [s for s in out.shards if s.held]
     in_flight = {(p["case_id"], p.get("repeat", 0)) for s in live for p in s.info.get("running", [])}

@@ -13,6 +13,9 @@ its sweep on it; when submitit judges the job timed out, the points in flight ar
 (a point that did not finish in the job's time is not run again by every requeued job), when it was
 preempted they are dropped whole, to be run again.  Then submitit's own handler checkpoints and
 requeues.  ``SIGTERM`` (``scancel``) stops the sweep the same way, dropping the points in flight.
+A local job is submitit's controller process and, under it, the task that runs the sweep: the task
+dies with the controller (``PR_SET_PDEATHSIG``), so a job killed however it is killed takes its sweep,
+fork server and workers along rather than leaving them running under init while it is reported failed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, replace
 import submitit
 
 from ..spec import Suite
+from .lifeline import die_with_parent
 from .outcome import write_outcome
 from .scheduler import Stopped, StopRequest
 from .sweep import SweepOptions, run_sweep
@@ -115,6 +119,8 @@ class ShardJob(submitit.helpers.Checkpointable):
         A requeue exits (``SystemExit``) and notes nothing: the requeued job notes its own end.
         """
         env = submitit.JobEnvironment()
+        if os.environ.get("SUBMITIT_EXECUTOR") == "local":
+            _die_with_local_job()
         try:
             summary = self._run(env.job_id)
         except Exception as exc:
@@ -154,6 +160,13 @@ class ShardJob(submitit.helpers.Checkpointable):
             raise
         statuses = Counter(r["status"] for r in result.records)
         return {"shard": [i, n], "job": job, "ran": len(result.records), "statuses": dict(statuses)}
+
+
+def _die_with_local_job() -> None:
+    """A local job's task: die with submitit's controller, the process whose pid is the job id (its
+    parent; known before this process started, so a controller already gone is caught too)."""
+    job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
+    die_with_parent(int(job) if job.isdigit() and os.environ.get("SUBMITIT_LOCAL_WITH_SHELL") != "1" else None)
 
 
 def _log_record(record: dict, k: int, total: int) -> None:

@@ -9,19 +9,20 @@ parent never imports torch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
-from .fits import too_big
-from .forkserver import IsolatedRunner
+from .fits import WORKER_BASELINE_BYTES, too_big
+from .forkserver import IsolatedRunner, start_fork_server
 from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
 from .shards import SweepLock
@@ -29,6 +30,10 @@ from .slots import Placement, sweep_slots
 
 # Variables that set a math library's thread count behind torch's back.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Statuses --retry may name: a failure that may be the machine's at the time (a full disk, a kill, a loaded
+# machine's timeout), not the point's own answer.  `ok` is an answer; `skipped` is always run by --resume.
+RETRYABLE = ("crash", "timeout", "oom", "over_budget", "unsupported")
+MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class SweepOptions:
     devices: tuple[int, ...] | None = None  # --devices: CUDA points side by side, one device each
     job: str | None = None  # the job manager's id for this sweep (a Slurm array task), kept in each record
     nodes: Nodes = Nodes()  # --nnodes ...: multi-rank points spread over hosts (torchrun's c10d rendezvous)
+    retry: tuple[str, ...] = ()  # --retry: statuses --resume runs again, until a point has had max_attempts runs
+    max_attempts: int = MAX_ATTEMPTS
     faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
 
 
@@ -62,19 +69,35 @@ def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
     return [c for k, c in enumerate(suite.cases) if k % n == i - 1]
 
 
-def pending(planned: list[Case], recorded: list[dict], resume: bool,
-            repeats: int = 1) -> tuple[list[tuple[Case, int]], list[str]]:
+def pending(planned: list[Case], recorded: list[dict], resume: bool, repeats: int = 1, retry: tuple[str, ...] = (),
+            max_attempts: int = MAX_ATTEMPTS) -> tuple[list[tuple[Case, int]], list[str]]:
     """(the (Case, repeat) runs still to do, the ids of Cases --resume passes over entirely).
 
     Repeats are interleaved, every Case once and then every Case again (A B C A B C ...), so a slow drift
     of the machine spreads over all Cases instead of landing on the last ones.  A run recorded as
-    skipped (deadline, or too big for the memory then available) was never run: --resume runs it.
+    skipped (deadline, or too big for the memory then available) was never run: --resume runs it.  A
+    run whose last record has a status in `retry` runs again while it has had fewer than `max_attempts`.
     """
-    done = ({(r["case_id"], r.get("repeat", 0)) for r in recorded if r.get("status") != "skipped"}
+    done = ({key for key, r in _last_records(recorded).items() if not _to_rerun(r, retry, max_attempts)}
             if resume else set())
     todo = [(c, k) for k in range(repeats) for c in planned if (c.id, k) not in done]
     passed = [c.id for c in planned if all((c.id, k) in done for k in range(repeats))]
     return todo, passed
+
+
+def _last_records(recorded: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(r["case_id"], r.get("repeat", 0)): r for r in recorded}  # a later line replaces an earlier one
+
+
+def _to_rerun(record: dict, retry: tuple[str, ...], max_attempts: int) -> bool:
+    status = record.get("status")
+    return status == "skipped" or (status in retry and record.get("attempt", 1) < max_attempts)
+
+
+def next_attempts(recorded: list[dict]) -> dict[tuple[str, int], int]:
+    """The `attempt` the next record of each recorded (Case, repeat) carries: one more than its last run's,
+    the same as a ``skipped`` record's (a point not started was not an attempt).  Unrecorded: 1."""
+    return {key: r.get("attempt", 1) + (r.get("status") != "skipped") for key, r in _last_records(recorded).items()}
 
 
 def _run_group(case: Case, work_dir: str, timeout: float, repeat: int, placement: Placement,
@@ -173,12 +196,19 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
     slots = sweep_slots(planned, options.parallel, options.devices, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     store = RecordStore(options.out_dir)
     store.ensure()
-    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job) as lock:
+    with SweepLock(options.out_dir, options.shard, len(suite.cases), options.job, suite_digest(suite),
+                   suite.name) as lock:
         def running(points: list[Running]) -> None:
             lock.running([p.to_dict() for p in points])
             if on_running is not None:
                 on_running(points)
         return _run_locked(suite, options, store, slots, on_record, annotate, on_start, running, stop)
+
+
+def suite_digest(suite: Suite) -> str:
+    """What tells one suite from another: its text, or where it has none, its points in order."""
+    text = suite.text or "\n".join(c.id for c in suite.cases)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def accept_directory(suite: Suite, options: SweepOptions, recorded: list[dict]) -> None:
@@ -198,10 +228,14 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     recorded = store.load().records
     accept_directory(suite, options, recorded)
     work_dir = os.path.join(options.out_dir, "work")
-    os.makedirs(work_dir, exist_ok=True)
+    try:
+        os.makedirs(work_dir, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(work_dir, exc, "creating") from exc
     planned = plan(suite, options.shard)
     repeats = options.repeats or suite.repeats
-    todo, skipped = pending(planned, recorded, options.resume, repeats)
+    todo, skipped = pending(planned, recorded, options.resume, repeats, options.retry, options.max_attempts)
+    attempts = next_attempts(recorded)
     if on_start is not None:
         on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
@@ -210,12 +244,14 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     records: list[dict] = []
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     shard = f"{options.shard[0]}/{options.shard[1]}"
+    baseline = [WORKER_BASELINE_BYTES]  # a worker's resident memory before its step: measured by each worker
 
     def not_started(case: Case) -> dict | None:
         if deadline is not None and time.monotonic() >= deadline:
             return {"status": "skipped", "reason": f"not started: the sweep's --max-minutes "
                     f"{options.max_minutes:g} deadline had passed"}
-        if not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes)):
+        if not options.force and (why := too_big(case, options.memory_cap, device_bytes=device_bytes,
+                                                  baseline=baseline[0])):
             return {"status": "skipped", "reason": why}
         return None
 
@@ -227,8 +263,11 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         return runner.run(case, work_dir, timeout, options.faults.get(case.id), options.memory_cap, placement, repeat)
 
     def finish(case: Case, repeat: int, placement: Placement | None, result: dict) -> None:
+        if result.get("baseline_rss_bytes"):
+            baseline[0] = max(baseline[0], result["baseline_rss_bytes"])
         _judge_budget(result, suite.memory_budget_bytes)
         record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
+        record["attempt"] = attempts.get((case.id, repeat), 1)
         record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}
         if "cores_seen" in result:
             record["placement"]["cores_seen"] = result["cores_seen"]
@@ -237,5 +276,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
+    if any(case.world_size == 1 for case, _ in todo):
+        start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
     run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
     return SweepResult(options.out_dir, planned, skipped, records)

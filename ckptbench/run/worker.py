@@ -9,6 +9,7 @@ one result file, atomically, whatever happens short of the process being killed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -17,6 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
 from ..measure.steps import step_probe_for
 from ..measure.timing import StepStats, timer_for
 from ..spec import Case
@@ -25,10 +27,11 @@ from ..theory.flops import figures as flop_figures
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step, precision_refusal
-from ..train.models import build_model, synthetic_batch
+from ..train.models import build_model, dropout_values, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
 from .faults import Fault
+from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
 
@@ -167,6 +170,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "loop": case.setup.loop,
         "checkpointing_api": checkpointing_api,
         "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
+        "dropout": dropout_values(model.config),  # the probabilities the model ran with, from its own config
         "step_times_s": list(stats.times_s),
         "step_time_median_s": stats.median_s,
         "step_time_p90_s": stats.p90_s,
@@ -226,42 +230,58 @@ def inject(fault: Fault) -> None:
             time.sleep(3600)
     if fault.kind == "exit":
         os._exit(3)
+    if fault.kind == "disk-full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(os.getcwd(), "checkpoint.bin"))
     if fault.kind in ("hog", "hog-kill"):
         _hog(fault.nbytes, fault.kind == "hog-kill")
+    if fault.kind == "alloc":  # through torch's CPU allocator, as a point's own tensors are
+        torch.ones(fault.nbytes, dtype=torch.uint8)
 
 
 def _hog(nbytes: int, then_kill: bool) -> None:
-    """Hold `nbytes` resident (the fork server's pages included), long enough for the sweep to see it."""
+    """Hold `nbytes` resident (the fork server's pages included), long enough for the sweep to see it.
+
+    Shared memory (as a DataLoader's or a tensor's ``share_memory_()``), which counts in the resident
+    size the sweep watches but not in the private-memory limit a worker sets (:func:`.hostmem.limit_private_memory`).
+    """
+    import mmap
     import signal
 
     from .hostmem import resident_bytes
 
     rss = resident_bytes(os.getpid())
-    held = b"\x01" * max(0, nbytes - (rss[0] if rss else 0))  # written, so every page is resident
+    held = mmap.mmap(-1, max(mmap.PAGESIZE, nbytes - (rss[0] if rss else 0)))  # anonymous, MAP_SHARED
+    for offset in range(0, len(held), mmap.PAGESIZE):  # written, so every page is resident
+        held[offset] = 1
     deadline = time.monotonic() + (2.0 if then_kill else 3600.0)
     while time.monotonic() < deadline:
         time.sleep(0.05)
     if then_kill:
         os.kill(os.getpid(), signal.SIGKILL)
-    del held
+    held.close()
 
 
 def is_oom_error(exc: BaseException) -> bool:
     """Out-of-memory raised outside the caching allocator (cuBLAS/cuDNN workspaces, a kernel's own
     cudaMalloc) arrives as a plain RuntimeError or AcceleratorError, and the CPU allocator's as
     ``DefaultCPUAllocator: can't allocate memory``; their messages say so."""
+    if isinstance(exc, MemoryError):  # Python's own allocations past the worker's limit
+        return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
         sign in text for sign in ("out of memory", "cublas_status_alloc_failed", "can't allocate memory"))
 
 
 def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float,
-               fault: Fault | None = None, timeout_s: float | None = None, where: dict | None = None) -> None:
+               fault: Fault | None = None, timeout_s: float | None = None, where: dict | None = None,
+               memory_cap: int | None = None) -> None:
     """Entry point of a worker process: one Case, one result file, output to the point's log.
 
     It dies with the fork server (which dies with the sweep) and, failing all else, after its own timeout.
     `where` is its slot: the cores it pins itself to before torch starts a thread, and the variables
     (``CUDA_VISIBLE_DEVICES``) set before CUDA is first touched; the cores it then has are reported.
+    A CPU point under `memory_cap` (``--memory-gib``) limits its private memory to it: an allocation past
+    it fails, recorded ``oom`` (a CUDA point's driver maps memory the limit would wrongly count).
     """
     die_with_parent()
     let_the_fork_server_go()
@@ -274,6 +294,9 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     case = Case.from_dict(case_dict)
+    limited = memory_cap is not None and case.device == "cpu" and limit_private_memory(memory_cap)
+    # resident before the point builds anything: what the fork server imported, which a --memory cap counts
+    resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
         result["measurement"] = measure(case, t_submit, fault)
@@ -285,7 +308,15 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     except Exception as exc:
         traceback.print_exc()
         status = "oom" if is_oom_error(exc) else "crash"
-        result = {"status": status, "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        result = {"status": status, "reason": failure_reason(exc)[:500]}
+        if status == "oom" and limited:
+            result["reason"] += f" (private memory limited to the --memory-gib cap of {human_bytes(memory_cap)})"
     result["device_env"] = device_environment(case.device)
     result["cores_seen"] = sorted(os.sched_getaffinity(0))
-    write_json_atomic(result_path, result)
+    result["baseline_rss_bytes"] = resident[0] if resident else None
+    try:
+        write_json_atomic(result_path, result)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        os._exit(WORKER_DISK_FULL_EXIT)  # no file to say it in: the exit status says it

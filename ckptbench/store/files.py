@@ -8,19 +8,35 @@ from __future__ import annotations
 import json
 import os
 
+from ..errors import StorageError
+
 
 def write_text_atomic(path: str, text: str) -> None:
     """Write, flush, fsync a temporary file beside `path`, then rename it over `path`.
 
     A reader sees the old file or the whole new one, never a torn one; the temporary name carries the
-    pid, so two processes writing the same file (shards started together) never share it.
+    pid, so two processes writing the same file (shards started together) never share it.  When any
+    step fails (a full disk, a read-only folder) the temporary file is removed, so a failure leaves no
+    space taken and `path` as it was, and :class:`~ckptbench.errors.StorageError` names `path` and why.
     """
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        remove_quietly(tmp)
+        raise StorageError(path, exc) from exc
+
+
+def remove_quietly(path: str) -> None:
+    """Remove a file if it is there; a failure to remove it is not worth a second error."""
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def write_json_atomic(path: str, data: dict) -> None:

@@ -187,4 +187,4 @@ def _load_sweep(path: str) -> Side:
         detail = f" ({loaded.problems[0]})" if loaded.problems else ""
         raise UsageError(f"{records_path}: no readable records{detail}")
     points, problems = points_from_records(loaded.records)
-    return Side(path, SWEEP, points, loaded.problems + problems, first_env(loaded.records))
+    return Side(path, SWEEP, points, loaded.notes() + problems, first_env(loaded.records))

@@ -9,16 +9,19 @@ never parsed as data.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 from dataclasses import dataclass, field
 
+from ..errors import StorageError
 from .repeats import merge_repeats
+from .validate import record_problem
 
 SCHEMA_VERSION = 1
 RECORDS = "records.jsonl"
-STATUSES = ("ok", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
+LISTED = 10  # skipped lines listed one by one; the rest are counted
 
 
 @dataclass
@@ -26,10 +29,20 @@ class LoadedRecords:
     """Records read back, plus what could not be read (with line numbers), so nothing fails silently."""
 
     records: list[dict] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # one per line skipped (or a missing file)
+    path: str = ""
+    skipped: int = 0  # lines read and not used: unreadable, torn, or not of a record's shape
 
     def ids(self) -> set[str]:
         return {r["case_id"] for r in self.records if "case_id" in r}
+
+    def notes(self) -> list[str]:
+        """What a command prints about the lines it skipped: how many, then the first few of them."""
+        if not self.skipped:
+            return list(self.problems)
+        more = len(self.problems) - LISTED
+        return ([f"{self.path}: {self.skipped} line{'s' if self.skipped != 1 else ''} skipped (not valid records)"]
+                + self.problems[:LISTED] + ([f"... and {more} more"] if more > 0 else []))
 
 
 class RecordStore:
@@ -38,19 +51,34 @@ class RecordStore:
         self.path = os.path.join(run_dir, RECORDS)
 
     def ensure(self) -> None:
-        os.makedirs(self.run_dir, exist_ok=True)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(self.run_dir, exc, "creating") from exc
 
     def append(self, record: dict) -> None:
+        """Append one line; on any failure (a full disk) the file is cut back to the records before it.
+
+        Raises :class:`~ckptbench.errors.StorageError` naming the file and the reason.
+        """
         line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True, default=_jsonable) + "\n"
         data = line.encode()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(self.path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            _repair_torn_tail(fd)
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                _repair_torn_tail(fd)
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
+                os.fsync(fd)
+            except OSError as exc:
+                _cut_back(fd, size)
+                raise StorageError(self.path, exc) from exc
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -58,6 +86,15 @@ class RecordStore:
     def load(self) -> LoadedRecords:
         """The last line of each (Case, repeat), repeats not merged: what a sweep resumes from."""
         return load_records(self.path, merged=False)
+
+
+def _cut_back(fd: int, size: int) -> None:
+    """Remove what a failed append wrote past `size` (under the lock, so only this append's bytes): the
+    records before it stay whole and the next append starts on a clean line."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass  # what stays is a torn last line, which the reader skips and the next append ends
 
 
 def _repair_torn_tail(fd: int) -> None:
@@ -81,9 +118,9 @@ def _jsonable(obj):
 
 def load_records(path: str, merged: bool = True) -> LoadedRecords:
     """Every readable record of a run, one per Case (`merged`) or one per (Case, repeat)."""
-    out = LoadedRecords()
     if os.path.isdir(path):
         path = os.path.join(path, RECORDS)
+    out = LoadedRecords(path=path)
     if not os.path.exists(path):
         out.problems.append(f"{path}: no records file")
         return out
@@ -99,12 +136,15 @@ def load_records(path: str, merged: bool = True) -> LoadedRecords:
             torn = number == len(lines)
             out.problems.append(f"{path}:{number}: {'truncated last line' if torn else 'unreadable line'} "
                                 f"({len(line)} bytes) ignored")
+            out.skipped += 1
             continue
-        if not isinstance(record, dict) or "case_id" not in record:
-            out.problems.append(f"{path}:{number}: not a record (no case_id) ignored")
-            continue
-        if record.get("schema") != SCHEMA_VERSION:
-            out.problems.append(f"{path}:{number}: schema {record.get('schema')!r} != {SCHEMA_VERSION} ignored")
+        if isinstance(record, dict) and "case_id" in record and record.get("schema") != SCHEMA_VERSION:
+            why = f"schema {record.get('schema')!r} != {SCHEMA_VERSION}"
+        else:
+            why = record_problem(record)
+        if why:
+            out.problems.append(f"{path}:{number}: not a record ({why}) ignored")
+            out.skipped += 1
             continue
         out.records.append(record)
     out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())

@@ -79,7 +79,7 @@ def annotate_record(case: Case, record: dict) -> None:
         record["estimate_source"] = "analytic"
         checks = check(case, m, est_obj)
     if case.world_size == 1:
-        checks = [*checks, attention_implementation_check(case, m), *config_checks(m)]
+        checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout)]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = gates(m)
     if case.world_size == 1:

@@ -153,30 +153,31 @@ def attention_implementation_check(case: Case, m: dict) -> Check:
                  "pass" if same else "fail", why)
 
 
-# What the builder sets whatever the config says (dropout off so runs repeat, no KV cache, the Case's dtype):
-# a difference there is ckptbench's choice, not a request it lost.
+# What the builder sets whatever the config says (no KV cache, the Case's dtype; dropout 0 when the Case
+# says dropout "off"): a difference there is the Case's stated choice, not a request it lost.
 BUILDER_KEYS = ("dtype", "torch_dtype", "use_cache")
 _ABSENT = "<absent>"
 
 
-def _set_by_builder(key: str, built) -> bool:
-    return key in BUILDER_KEYS or (("dropout" in key or key.endswith("pdrop")) and built == 0)
+def _set_by_builder(key: str, built, dropout_off: bool) -> bool:
+    return key in BUILDER_KEYS or (dropout_off and ("dropout" in key or key.endswith("pdrop")) and built == 0)
 
 
-def config_differences(requested: dict, built: dict, prefix: str = "") -> list[str]:
+def config_differences(requested: dict, built: dict, prefix: str = "", dropout_off: bool = True) -> list[str]:
     """The keys (dotted into nested configs) where the built model's config differs from the requested one.
 
     `requested` holds every name of each dimension (the reference passes them all and transformers keeps the
-    ones its class does not read as plain attributes); such a name the built config lacks is no difference."""
+    ones its class does not read as plain attributes); such a name the built config lacks is no difference.
+    A dropout key built at 0 is a difference only when the Case keeps the published dropout."""
     out = []
     for key in sorted(set(requested) | set(built)):
         if key not in built and not prefix and key in DIM_ALIASES:
             continue
         r, b = requested.get(key, _ABSENT), built.get(key, _ABSENT)
-        if _set_by_builder(key, b):
+        if _set_by_builder(key, b, dropout_off):
             continue
         if isinstance(r, dict) and isinstance(b, dict):
-            out += config_differences(r, b, f"{prefix}{key}.")
+            out += config_differences(r, b, f"{prefix}{key}.", dropout_off)
         elif r != b:
             out.append(prefix + key)
     return out
@@ -188,7 +189,7 @@ def _value_at(config: dict, dotted: str):
     return config
 
 
-def config_checks(m: dict) -> list[Check]:
+def config_checks(m: dict, dropout: str = "off") -> list[Check]:
     """The model built is the one asked for, exactly.
 
     ``config``: every key the Case asks for (its dimensions and extra keys, as transformers normalises them:
@@ -204,7 +205,7 @@ def config_checks(m: dict) -> list[Check]:
     if requested is None or built is None or m.get("reference_n_params") is None:
         return [Check("config", None, None, None, 0.0, "skip", None),
                 judge("params_from_config", None, m.get("reference_n_params"))]
-    diffs = config_differences(requested, built)
+    diffs = config_differences(requested, built, dropout_off=dropout == "off")
     if diffs:
         config = Check("config", "; ".join(f"{k}={_value_at(built, k)!r}" for k in diffs),
                        "; ".join(f"{k}={_value_at(requested, k)!r}" for k in diffs), 0.0, 0.0, "fail", diffs)

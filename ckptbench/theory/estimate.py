@@ -16,6 +16,9 @@ from .backward import layer_moments
 from .params import param_count
 from .units import FP32, INT64
 
+# head terms every layer uses and layer 0's backward releases (:func:`.activations.head_activation_terms`)
+SHARED_HEAD_TERMS = ("rope_cos_sin", "position_ids", "causal_mask")
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -150,11 +153,16 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
             put(f"backward-layer-{idx}", start + grad_in + delta, g + (layer_grads if grad_accum == 1 else 0))
         a -= kept
         g += layer_params if grad_accum == 1 else 0
-    # the embedding's backward: the gradient flowing in and the dense V·h gradient of the lookup; a tied
-    # weight adds it to the waiting head gradient (a third V·h tensor) before accumulating the sum
-    # (GPT-2's learned positions go first: their gradient is accumulated, the one flowing in is spent)
-    emb = V * h * B + (head_grad if spec.tie_embeddings else 0) + (0 if pc.position else B * N * h)
-    put("backward-embedding", a + emb, g + (pc.position * B if grad_accum == 1 else 0))
+    # the embedding's backward.  Layer 0's backward has released what the layers shared (RoPE's cos/sin,
+    # the checkpoint closures' mask and position ids; GPT-2's position ids go with its learned positions,
+    # whose backward runs first and accumulates their gradient).  The lookup's dense V·h gradient is made
+    # while the gradient flowing in (B·N·h) is alive; a tied weight then adds it to the waiting head
+    # gradient, a third V·h tensor, once the gradient flowing in is freed
+    a -= sum(ht.get(name, 0) for name in SHARED_HEAD_TERMS)
+    g_emb = g + (pc.position * B if grad_accum == 1 else 0)
+    put("backward-embedding", a + V * h * B + B * N * h, g_emb)
+    if spec.tie_embeddings:
+        put("backward-embedding", a + 2 * V * h * B, g_emb)
     opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
     put("optimizer", opt_tmp, grads)
     parts = {name: {"params": params, "grads": gr, "optimizer": optimizer, "activations": ac,

@@ -17,7 +17,10 @@ FLOPs of the step are fitted on ``1, L, N`` the same way.
 
 The coefficients are solved from simulations of 3- and 5-layer models under every distinct
 ``every_n_layers`` pattern and two 4-layer steps (twelve steps, more equations than unknowns), and the
-fit must reproduce every simulated moment to the byte, or :class:`NotAffine` says which moment did not.  The peak of an L-layer
+fit must reproduce every simulated moment to the byte, or :class:`NotAffine` says which moment did not.
+A stack of unlike layers (Gemma's sliding and global attention, SmolLM3's layers without rotary
+embeddings) is refused with its layer pattern: its first layers, which the copies are, need not hold
+every kind, and a 4-layer check that follows the pattern cannot tell (:mod:`.stacks`).  The peak of an L-layer
 step is then the largest predicted moment.  ``tests/unit/test_extrapolate.py`` shows the extrapolation
 equal to the full simulation, byte for byte, on CPU.
 """
@@ -33,6 +36,7 @@ import numpy as np
 
 from ..configs import error_line
 from ..spec import ModelSpec, Setup, checkpointed_layers
+from .stacks import layer_kinds, pattern
 
 FIT_LAYERS = (3, 5)
 # Two depths fix any function of the depth; a third checks that it is affine: a 4-layer step, plain and
@@ -287,8 +291,15 @@ def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True)
 
     `simulate` defaults to the FakeTensor step; `mapper` runs the jobs (``map``, or a process pool's map:
     every simulation is independent).  FLOPs are counted at the asked length only, where step time is
-    predicted.
+    predicted.  A stack whose layers are of several kinds (sliding and global attention, layers without
+    rotary embeddings: :mod:`.stacks`) is refused before anything runs: the few-layer copies are its
+    first layers, which need not hold every kind, and the fit has one set of coefficients for all layers.
     """
+    kinds = layer_kinds(spec)
+    if len(set(kinds)) > 1:
+        raise NotAffine(f"its {spec.layers} layers are not all alike ({pattern(kinds)}): the few-layer copies "
+                        "would not hold the same mix, and the fit treats every layer as one; simulate the full "
+                        "depth instead (ckptbench estimate)")
     ex = Extrapolation(spec, seq, device, setup)
     points = seq_points(seq, spec.max_positions) if across else []
     for off in offloads:

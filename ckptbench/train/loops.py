@@ -182,7 +182,6 @@ class TrainerLoop:
 
         case = self.case
         rows = schedule.total * case.grad_accum * case.batch_size
-        loop = self
         fetched: list[torch.Tensor] = []
         losses: list[torch.Tensor] = []
 
@@ -233,8 +232,7 @@ class TrainerLoop:
 
             def clip_grad_norm_(*args, **kwargs):  # the backward is over once the gradients are clipped
                 if schedule.marks.active:
-                    schedule.marks.backward_end()
-                    schedule.marks.probe.set_phase("grad-clip")
+                    schedule.marks.grad_clip_begin()
                 return original_clip(*args, **kwargs)
 
             trainer.get_batch_samples = get_batch_samples
@@ -244,7 +242,6 @@ class TrainerLoop:
                 trainer.train()
             finally:
                 schedule.marks.stop()
-            loop.model = trainer.model
 
 
 LOOPS = {"manual": ManualLoop, "accelerate": AccelerateLoop, "trainer": TrainerLoop}

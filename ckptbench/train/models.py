@@ -45,7 +45,8 @@ def hf_config(spec: ModelSpec) -> PretrainedConfig:
     """``AutoConfig.for_model`` of :func:`config_values`, made runnable as the spec shrinks it.
 
     Token ids beyond a smaller vocabulary are dropped (an embedding whose padding index is out of range will
-    not build), dropout is off (runs must repeat), no KV cache.
+    not build), no KV cache; every dropout key is set to 0 when the spec's ``dropout`` is "off", kept as the
+    config gives it when "published".
     """
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
@@ -65,10 +66,20 @@ def hf_config(spec: ModelSpec) -> PretrainedConfig:
         token = getattr(cfg, key, None)
         if isinstance(token, int) and token >= spec.vocab:
             setattr(cfg, key, None)
-    for key, value in cfg.to_dict().items():
-        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+    if spec.dropout == "off":
+        for key in dropout_values(cfg):
             setattr(cfg, key, 0.0)
     return cfg
+
+
+def is_dropout_key(key: str) -> bool:
+    return "dropout" in key or key.endswith("pdrop")
+
+
+def dropout_values(cfg: PretrainedConfig) -> dict[str, float]:
+    """Every dropout probability of `cfg` (its float keys named ``*dropout*`` or ``*pdrop``)."""
+    return {key: value for key, value in cfg.to_dict().items()
+            if isinstance(value, float) and is_dropout_key(key)}
 
 
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu") -> torch.nn.Module:

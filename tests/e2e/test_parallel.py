@@ -114,3 +114,40 @@ def test_a_job_at_its_time_limit_records_its_point_as_timeout_and_is_requeued(tm
     assert record["placement"]["job"] == job.job_id
     with open(job.paths.stdout) as fh:
         assert "Requeued job" in fh.read() or "Requeued job" in open(job.paths.stderr).read()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_local_job_killed_takes_its_sweep_fork_server_and_worker_along(tmp_path, write_suite):
+    """SIGKILL to a local job (submitit's controller, whose pid is the job id) while its point hangs: the
+    task running the sweep, its fork server and its worker end with it, none left running under init."""
+    import signal
+    import time
+
+    from ckptbench.run.launch import descendants
+
+    suite = load_suite(write_suite(ONE_HANG))
+    out = str(tmp_path / "run")
+    executor = make_executor("local", os.path.join(out, JOBS_DIR), SlurmSettings(), "hang")
+    options = SweepOptions(out_dir=out, faults={suite.cases[0].id: Fault("hang")})
+    (job,) = submit_shards(suite, options, [1], 1, executor, "local")
+    work = os.path.join(out, "work")
+    deadline = time.monotonic() + 300
+    while not (os.path.isdir(work) and any(f.endswith(".log") for f in os.listdir(work))):
+        assert time.monotonic() < deadline and not job.done(), "the hanging point never started"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    controller = int(job.job_id)
+    under = descendants(controller)
+    assert len(under) >= 3  # the task (the sweep), its fork server, the worker
+    os.kill(controller, signal.SIGKILL)
+    deadline = time.monotonic() + 5  # the kernel's parent-death signal takes well under a second
+    while any(_alive(p) for p in under) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in under if _alive(p)] == []

@@ -54,3 +54,15 @@ def test_the_point_the_first_estimate_missed():
     # inside the first layer's backward (it has the most gradients beside it), at eager attention's moment
     assert m["peak_phase"] == est.peak_phase == "backward-layer-0"
     assert est.peak_bytes == m["peak_bytes"]
+
+
+def test_a_tied_model_measured_at_the_embeddings_backward():
+    # the tied head's gradient waits for the embedding's, whose backward is then the peak of a short
+    # sequence; the estimate once kept the gradient flowing in and RoPE's cos/sin there (+6,144 B)
+    case = Case(model=preset("llama-tiny", tie_embeddings=True, attn="sdpa"),
+                train=TrainSpec(warmup_steps=1, steps=1), batch_size=1, seq_len=16)
+    m = measure(case)
+    est = estimate_case(case)
+    assert m["peak_phase"] == est.peak_phase == "backward-embedding"
+    assert m["peak_bytes"] == est.peak_bytes == 2_762_080
+    assert m["peak_breakdown"]["activations"] == est.peak_breakdown["activations"]

@@ -18,6 +18,7 @@ import pytest
 from ckptbench.cli import main
 from ckptbench.errors import UsageError
 from ckptbench.report.compare import summary_lines
+from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.compare import (
     BENCHMARK,
     SWEEP,
@@ -30,6 +31,7 @@ from ckptbench.store.compare import (
 from ckptbench.store.records import RecordStore
 
 MIB = 2**20
+CASE = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=64).to_dict()
 
 
 def synthetic_record(case_id: str, status: str = "ok", peak=10 * MIB, after_forward=8 * MIB, saved=4 * MIB,
@@ -42,7 +44,7 @@ def synthetic_record(case_id: str, status: str = "ok", peak=10 * MIB, after_forw
         "tokens_per_s": 128 / median,
     }
     return {"case_id": case_id, "strategy": "full", "status": status, "measurement": measurement,
-            "case": {"model": {"name": "llama-tiny"}, "batch_size": 2, "seq_len": 64}}
+            "case": CASE}
 
 
 def delta(comparison, key, quantity):

@@ -16,7 +16,7 @@ from multiprocessing import get_context
 import numpy as np
 import pytest
 
-from ckptbench.spec import checkpointed_layers, preset
+from ckptbench.spec import ModelSpec, canonical_config, checkpointed_layers, preset
 from ckptbench.theory.extrapolate import (
     NotAffine,
     Observation,
@@ -27,6 +27,7 @@ from ckptbench.theory.extrapolate import (
     seq_points,
 )
 from ckptbench.theory.simulate import simulate
+from ckptbench.theory.stacks import layer_kinds
 
 SEQ = 48
 # a model with an analytic estimate and one without (qwen3: per-head q/k norms), both small enough to
@@ -162,3 +163,46 @@ def test_a_failing_simulation_in_a_pool_worker_comes_back_with_its_reason():
                           mapper=pool.map)
     assert "StrictConfigError: num_key_value_heads: 3 is not allowed" in str(err.value)
     assert "llama-tiny" in str(err.value)
+
+
+# Stacks of unlike layers, each type's own default pattern (transformers' config classes derive it from the
+# depth), with a sliding window shorter than the sequence so sliding and global layers really differ.
+WINDOW = 16
+STACKS = {
+    "gemma3_text": (dict(head_dim=16, sliding_window=WINDOW), 12, "5 x layer_types=sliding_attention, "
+                    "1 x layer_types=full_attention, 5 x layer_types=sliding_attention, 1 x layer_types=full_attention"),
+    "gemma2": (dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW), 8,
+               "1 x layer_types=sliding_attention, 1 x layer_types=full_attention, 1 x"),
+    "smollm3": ({}, 8, "3 x no_rope_layers=1, 1 x no_rope_layers=0, 3 x no_rope_layers=1, 1 x no_rope_layers=0"),
+    "qwen3": (dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=3), 6,
+              "3 x layer_types=full_attention, 3 x layer_types=sliding_attention"),
+}
+
+
+def _stack(family: str, attn: str = "eager") -> ModelSpec:
+    extra, layers, _ = STACKS[family]
+    return ModelSpec(family=family, hidden=64, layers=layers, heads=4, kv_heads=2, intermediate=128, vocab=256,
+                     attn=attn, max_positions=1024, config=canonical_config(extra))
+
+
+@pytest.mark.parametrize("family", sorted(STACKS))
+def test_a_stack_of_unlike_layers_is_refused_with_its_pattern(family):
+    def never(*args, **kwargs):
+        raise AssertionError("refused before any few-layer step is simulated")
+
+    with pytest.raises(NotAffine, match="not all alike") as err:
+        extrapolation(_stack(family), 4 * WINDOW, "cpu", offloads=(False,), simulate=never)
+    assert STACKS[family][2] in str(err.value)
+
+
+def test_layer_kinds_follow_the_config_and_one_kind_is_no_pattern():
+    assert layer_kinds(_stack("gemma3_text")) == (("layer_types=sliding_attention",) * 5
+                                                  + ("layer_types=full_attention",)) * 2
+    assert layer_kinds(_stack("gemma2"))[:3] == ("layer_types=sliding_attention", "layer_types=full_attention",
+                                                 "layer_types=sliding_attention")
+    assert layer_kinds(dataclasses.replace(QWEN3, layers=6)) == ("",) * 6  # all full attention: extrapolated
+    # a layer_types list from a config.json, cut to the depth: three sliding layers of a mixed list are alike
+    cut = dataclasses.replace(_stack("qwen3"), layers=3, config=canonical_config(
+        {"head_dim": 16, "use_sliding_window": True, "sliding_window": WINDOW,
+         "layer_types": ["sliding_attention"] * 3 + ["full_attention"] * 3}))
+    assert layer_kinds(cut) == ("",) * 3

@@ -38,25 +38,79 @@ def test_the_container_allowance_caps_what_is_usable():
     assert HostMemory().usable is None
 
 
-def _watch(peak: int, cap=None, before=HostMemory(), least=None) -> WorkerWatch:
+def _watch(peak: int, cap=None, before=HostMemory(), last=None) -> WorkerWatch:
     watch = WorkerWatch(pid=0, cap=cap, before=before)
-    watch.peak_rss, watch.least_usable, watch.samples = peak, least, 3
+    watch.peak_rss, watch.last_host, watch.samples = peak, last, 3
     return watch
 
 
 def test_sigkill_is_oom_only_with_figures_that_say_so():
     roomy = HostMemory(total=24 * GIB, available=20 * GIB)
     # nothing says memory: a kill -9 by hand stays a crash
-    assert explain_kill(_watch(2 * GIB, least=roomy), roomy) is None
-    assert explain_kill(_watch(int(0.89 * 4 * GIB), cap=4 * GIB, least=roomy), roomy) is None
+    assert explain_kill(_watch(2 * GIB, last=roomy), roomy) is None
     # the machine had under 5 % available at the last look
     tight = HostMemory(total=24 * GIB, available=GIB // 2)
-    why = explain_kill(_watch(20 * GIB, least=tight), tight)
+    why = explain_kill(_watch(20 * GIB, last=tight), tight)
     assert why.startswith("killed by SIGKILL while memory ran out") and "0.5 GiB" not in why
     assert "512.0 MiB of the machine's 24.00 GiB was available" in why and "20.00 GiB at its peak" in why
-    # the worker held 90 % of the --memory cap
-    why = explain_kill(_watch(int(0.95 * 4 * GIB), cap=4 * GIB, least=roomy), roomy)
-    assert "95% of the --memory cap of 4.00 GiB" in why
     # the kernel counted an OOM kill in our cgroup while the worker ran
-    why = explain_kill(_watch(GIB, before=HostMemory(oom_kills=2), least=roomy), HostMemory(oom_kills=3))
+    why = explain_kill(_watch(GIB, before=HostMemory(oom_kills=2), last=roomy), HostMemory(oom_kills=3))
     assert why.startswith("killed by the kernel's OOM killer") and "from 2 to 3" in why
+
+
+def test_holding_most_of_the_memory_cap_is_no_sign_of_oom():
+    """Nothing kills at --memory-gib but the sweep itself, which labels its own stops."""
+    roomy = HostMemory(total=24 * GIB, available=20 * GIB)
+    assert explain_kill(_watch(int(0.95 * 4 * GIB), cap=4 * GIB, last=roomy), roomy) is None
+
+
+def test_an_early_dip_in_available_memory_does_not_label_a_later_kill(monkeypatch):
+    """The last look before the death decides, not the run's lowest one."""
+    from ckptbench.run import hostmem
+
+    tight = HostMemory(total=24 * GIB, available=GIB // 2)
+    roomy = HostMemory(total=24 * GIB, available=20 * GIB)
+    looks = iter([roomy, tight, roomy, roomy])  # before, then three samples
+    monkeypatch.setattr(hostmem, "read_host_memory", lambda: next(looks))
+    watch = WorkerWatch(pid=os.getpid(), before=hostmem.read_host_memory())
+    for _ in range(3):
+        watch.sample()
+    assert watch.samples == 3
+    assert explain_kill(watch, roomy) is None
+
+
+def test_against_the_memory_cap_a_point_needs_the_workers_baseline_too():
+    from ckptbench.run.fits import WORKER_BASELINE_BYTES, estimated_peak, too_big
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
+    peak = estimated_peak(case)
+    roomy = HostMemory(total=2**40, available=2**40)
+    # the tensors alone fit under the cap, but the worker starts with the fork server's imports resident
+    cap = peak + WORKER_BASELINE_BYTES - 1
+    why = too_big(case, cap, roomy)
+    assert why is not None and "worker baseline" in why and "--memory cap" in why
+    assert too_big(case, cap + 1, roomy) is None
+    assert too_big(case, peak + 1000, roomy, baseline=1000) is None  # the baseline a worker reported
+    assert too_big(case, peak + 999, roomy, baseline=1000) is not None
+    # against the RAM available the fork server's pages are already spent: only the estimate counts
+    assert too_big(case, None, HostMemory(total=2**40, available=peak)) is None
+
+
+def test_a_worker_reports_its_resident_memory_before_its_step(tmp_path):
+    import json
+    import multiprocessing
+
+    from ckptbench.run import worker
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(warmup_steps=0, steps=1), batch_size=1, seq_len=8)
+    out = tmp_path / "r.json"
+    proc = multiprocessing.get_context("fork").Process(
+        target=worker.child_main, args=(case.to_dict(), str(out), str(tmp_path / "w.log"), 0.0))
+    proc.start()
+    proc.join(120)
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok"
+    # this process imported torch and transformers: its forked worker holds at least that much already
+    assert result["baseline_rss_bytes"] > 100 * 2**20

@@ -19,7 +19,6 @@ from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 from ckptbench import suite as suite_mod
 from ckptbench.configs import (
     ANALYTIC_DIM_KEYS,
-    build_problem_here,
     config_keys,
     model_class_here,
     spec_values,
@@ -28,6 +27,7 @@ from ckptbench.spec import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_con
 from ckptbench.suite import SuiteError, parse_suite
 from ckptbench.theory.checks import config_checks
 from ckptbench.theory.params import param_count
+from ckptbench.train.buildcheck import build_problem_here
 from ckptbench.train.models import build_model
 from ckptbench.train.reference import reference
 

@@ -133,3 +133,32 @@ def test_a_ten_percent_error_in_any_term_fails_a_test(mutation, monkeypatch):
     monkeypatch.setattr(est_mod, name, make())
     missed = {point: _misses(point, estimated(*point)) for point in EXACT}
     assert any(missed.values()), f"scaling {mutation} by 1.1 went unnoticed"
+
+
+# (preset, tied, dtype, attn, every_n, batch, seq): the embedding's backward, each moment of it modelled —
+# the dense V·h gradient made beside the gradient flowing in (N > V at seq 512), a tied weight's sum of
+# three V·h tensors (N < V), with what the layers shared (RoPE, the checkpoint closures' mask) released
+EMBEDDING_POINTS = [
+    ("llama-tiny", True, "fp32", "sdpa", 0, 1, 16),
+    ("llama-tiny", True, "bf16", "eager", 1, 1, 16),
+    ("llama-tiny", True, "fp32", "sdpa", 0, 1, 512),
+    ("llama-tiny", False, "fp32", "eager", 2, 2, 16),
+    ("gpt2-tiny", True, "fp32", "eager", 1, 2, 16),
+    ("gpt2-tiny", False, "bf16", "sdpa", 0, 1, 16),
+]
+
+
+@pytest.mark.parametrize("point", EMBEDDING_POINTS, ids=lambda p: "-".join(map(str, p)))
+def test_the_embeddings_backward_is_exact_tied_or_not(point):
+    name, tied, dtype, attn, every_n, batch, seq = point
+    spec = preset(name, tie_embeddings=tied, dtype=dtype, attn=attn)
+    sim = simulate(spec, batch, seq, every_n, trace=True)
+    est = estimate(spec, batch, seq, every_n)
+    assert est.phases["backward-embedding"]["total"] == max(sim.moment_traces["backward-embedding"])
+
+
+def test_a_tied_model_whose_peak_is_the_embeddings_backward_is_exact():
+    spec = preset("llama-tiny", tie_embeddings=True, attn="sdpa")
+    sim, est = simulate(spec, 1, 16), estimate(spec, 1, 16)
+    assert sim.peak_phase == est.peak_phase == "backward-embedding"
+    assert (sim.peak_bytes, sim.peak_breakdown) == (est.peak_bytes, est.peak_breakdown)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.records import RecordStore
 from ckptbench.theory.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN, measured_margins
 
@@ -17,7 +18,7 @@ def _record(case_id: str, allocated: int, reserved: int, context: int | None, st
             device: str = "cuda") -> dict:
     """A record carrying the figures a CUDA memory step writes (the input this rule reads)."""
     return {"case_id": case_id, "status": status, "strategy": "full",
-            "case": {"device": device, "batch_size": 1, "seq_len": 8, "world_size": 1},
+            "case": Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8, device=device).to_dict(),
             "measurement": {"cuda_max_allocated_bytes": allocated, "cuda_max_reserved_bytes": reserved},
             "meters": {"cuda_context_bytes": context}}
 

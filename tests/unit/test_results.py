@@ -6,20 +6,28 @@ import json
 import multiprocessing
 import os
 
+from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.records import RecordStore, load_records, to_frame
+
+CASE = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8).to_dict()
+
+
+def rec(case_id: str, status: str = "ok", **fields) -> dict:
+    """The smallest line the reader accepts as a record: an id, a status and a Case."""
+    return {"case_id": case_id, "status": status, "case": CASE, **fields}
 
 
 def _append_many(run_dir: str, worker: int, n: int) -> None:
     store = RecordStore(run_dir)
     for i in range(n):
-        store.append({"case_id": f"w{worker}-{i}", "payload": "x" * (1000 + 37 * i)})
+        store.append(rec(f"w{worker}-{i}", payload="x" * (1000 + 37 * i)))
 
 
 def test_append_and_load_round_trip(tmp_path):
     store = RecordStore(str(tmp_path))
     store.ensure()
-    store.append({"case_id": "a", "measurement": {"peak_bytes": 10}})
-    store.append({"case_id": "b", "measurement": {"peak_bytes": 20}})
+    store.append(rec("a", measurement={"peak_bytes": 10}))
+    store.append(rec("b", measurement={"peak_bytes": 20}))
     loaded = load_records(str(tmp_path))
     assert [r["case_id"] for r in loaded.records] == ["a", "b"]
     assert loaded.problems == []
@@ -42,15 +50,15 @@ def test_concurrent_appenders_never_interleave(tmp_path):
 
 def test_torn_last_line_is_reported_and_skipped_then_repaired(tmp_path):
     store = RecordStore(str(tmp_path))
-    store.append({"case_id": "a"})
-    whole = json.dumps({"schema": 1, "case_id": "b", "measurement": {"peak_bytes": 5}})
+    store.append(rec("a"))
+    whole = json.dumps({"schema": 1, **rec("b", measurement={"peak_bytes": 5})})
     with open(store.path, "a") as fh:
         fh.write(whole[: len(whole) // 2])  # a crash mid-write leaves half a line
     loaded = load_records(str(tmp_path))
     assert [r["case_id"] for r in loaded.records] == ["a"]
     assert len(loaded.problems) == 1 and "truncated last line" in loaded.problems[0]
     # The next append starts on a fresh line; the fragment stays, reported as unreadable, never parsed.
-    store.append({"case_id": "c"})
+    store.append(rec("c"))
     loaded = load_records(str(tmp_path))
     assert [r["case_id"] for r in loaded.records] == ["a", "c"]
     assert len(loaded.problems) == 1 and "unreadable line" in loaded.problems[0]
@@ -68,8 +76,8 @@ def test_missing_file_and_foreign_lines(tmp_path):
 
 def test_a_later_record_of_the_same_case_replaces_the_earlier(tmp_path):
     store = RecordStore(str(tmp_path))
-    store.append({"case_id": "a", "status": "skipped"})
-    store.append({"case_id": "b", "status": "ok"})
-    store.append({"case_id": "a", "status": "ok"})
+    store.append(rec("a", "skipped"))
+    store.append(rec("b", "ok"))
+    store.append(rec("a", "ok"))
     loaded = load_records(str(tmp_path))
     assert [(r["case_id"], r["status"]) for r in loaded.records] == [("a", "ok"), ("b", "ok")]

@@ -40,10 +40,10 @@ def test_status_across_two_shards_and_their_jobs(tmp_path):
     suite = load_suite(str(tmp_path / "suite.toml"))
     first, second = plan(suite, (1, 2)), plan(suite, (2, 2))  # three points each
     store = RecordStore(out)
-    store.append({"case_id": first[0].id, "repeat": 0, "status": "ok"})
-    store.append({"case_id": first[1].id, "repeat": 0, "status": "timeout"})
-    store.append({"case_id": first[2].id, "repeat": 0, "status": "skipped"})  # deadline: --resume runs it
-    store.append({"case_id": second[0].id, "repeat": 0, "status": "ok"})
+    store.append({"case_id": first[0].id, "repeat": 0, "status": "ok", "case": first[0].to_dict()})
+    store.append({"case_id": first[1].id, "repeat": 0, "status": "timeout", "case": first[1].to_dict()})
+    store.append({"case_id": first[2].id, "repeat": 0, "status": "skipped", "case": first[2].to_dict()})  # deadline: --resume runs it
+    store.append({"case_id": second[0].id, "repeat": 0, "status": "ok", "case": second[0].to_dict()})
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     # submitted from where the run was before it was copied here: its job files are read from here

@@ -1,0 +1,57 @@
+"""The child side of the suite's build check (``python -m ckptbench.train.buildcheck build-check JSON``):
+whether transformers would build a spec's model with every key it was asked for.  Run in a child
+interpreter by :func:`ckptbench.configs.build_problem`, so the suite parser never imports torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from ..configs import error_line
+from ..spec import ModelSpec
+from .models import build_model
+
+
+def ignored_keys(model_type: str, keys) -> list[str]:
+    """Which of `keys` transformers would keep on the config and never read: not a field or alias of the
+    config class (or of every config), not consumed by its rope handling, and named nowhere in the modules
+    of the config and of the causal-LM class (qwen2 reads ``head_dim`` from the config without declaring it)."""
+    import inspect
+    import re
+
+    import transformers
+    from transformers import CONFIG_MAPPING, PretrainedConfig, modeling_rope_utils
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = CONFIG_MAPPING[model_type]
+    known = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    known |= set(getattr(cls, "attribute_map", {})) | {f.name for f in dataclasses.fields(PretrainedConfig)}
+    model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    sources = "\n".join(inspect.getsource(m) for m in (sys.modules[cls.__module__], sys.modules[model.__module__],
+                                                          modeling_rope_utils))
+    return [k for k in keys if k not in known and not re.search(rf"\b{re.escape(k)}\b", sources)]
+
+
+def build_problem_here(spec: ModelSpec, requested: list[str]) -> tuple[str, str] | None:
+    """The child's answer to :func:`build_problem`."""
+    import torch
+
+    ignored = ignored_keys(spec.family, requested)
+    if ignored:
+        return f"extra.{ignored[0]}", (f"model_type {spec.family!r} has no config key {ignored[0]!r}: transformers "
+                                       "would keep it and build the model without it")
+    try:
+        with torch.device("meta"):
+            build_model(spec, "meta")
+    except Exception as exc:
+        named = [k for k in requested if k in str(exc)]  # a [model] extra key the message names
+        return f"extra.{named[0]}" if named else "", (
+            f"transformers cannot build this {spec.family} model: {type(exc).__name__}: {error_line(exc)}"[:400])
+    return None
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["build-check"]:
+    request = json.loads(sys.argv[2])
+    problem = build_problem_here(ModelSpec(**request["spec"]), request["requested"])
+    print(json.dumps({"key": problem[0], "reason": problem[1]} if problem else {}))

@@ -1,0 +1,38 @@
+"""Print the accuracy table of docs/precision-and-loops.md: each point measured on this CPU beside the
+simulation of the same step (``python scripts/precision_table.py > table.md``; a few minutes on 2 cores)."""
+
+from __future__ import annotations
+
+from ckptbench.run.worker import measure
+from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, checkpointing_name, preset
+from ckptbench.theory.simulate import simulate
+
+STRATEGIES = ((0, False), (2, False), (1, False), (1, True))
+
+
+def row(name: str, precision: str, loop: str, every_n: int, offload: bool, batch: int = 2, seq: int = 64) -> str:
+    dtype, autocast = PRECISIONS[precision]
+    case = Case(model=preset(name, dtype=dtype, attn="sdpa"), train=TrainSpec(warmup_steps=1, steps=1),
+                batch_size=batch, seq_len=seq, every_n_layers=every_n, offload=offload,
+                setup=Setup(autocast=autocast, loop=loop))
+    m = measure(case)
+    s = simulate(case.model, batch, seq, every_n, offload, setup=case.setup)
+    same = all(m[k] == getattr(s, k) for k in ("mem_after_forward_bytes", "peak_bytes", "peak_phase"))
+    return (f"| {name} | {precision} | {loop} | {checkpointing_name(every_n, offload)} | "
+            f"{m['mem_after_forward_bytes']:,} | {s.mem_after_forward_bytes:,} | {m['peak_bytes']:,} | "
+            f"{s.peak_bytes:,} | {m['peak_phase']} | {'equal' if same else 'DIFFERENT'} |")
+
+
+def main() -> None:
+    print("| model | precision | loop | strategy | after forward, measured B | simulated B | peak, measured B "
+          "| simulated B | peak phase | |")
+    print("|---|---|---|---|---:|---:|---:|---:|---|---|")
+    for name in ("llama-tiny", "qwen2-tiny", "gpt2-tiny"):
+        for precision in ("fp32", "bf16-mixed"):
+            for loop in ("manual", "trainer", "accelerate"):
+                for n, off in STRATEGIES:
+                    print(row(name, precision, loop, n, off), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""A valid-JSON line of the wrong shape in records.jsonl is skipped and listed by every command: it never
+replaces its Case's good record, and no command ends in a traceback over it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ckptbench.cli import main
+from ckptbench.store.records import RecordStore, load_records
+from ckptbench.suite import load_suite
+
+SUITE = """
+[suite]
+name = "one"
+
+[model]
+preset = "llama-tiny"
+attn = "eager"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+
+[sweep]
+batch_size = [1]
+seq_len = [16]
+every_n_layers = [0]
+"""
+GIB = 2**30
+
+# Lines that parse as JSON and carry the good record's case id, each of a shape no sweep writes.
+BAD_SHAPES = {
+    "measurement a string": {"status": "ok", "measurement": "x", "case": {}},
+    "case missing": {"status": "ok", "measurement": {}},
+    "case not a dict": {"status": "ok", "case": "llama-tiny"},
+    "unknown status": {"status": "bogus"},
+}
+
+
+def _good(case, device: str = "cpu") -> dict:
+    d = case.to_dict()
+    d["device"] = device
+    return {"case_id": case.id, "repeat": 0, "repeats": 1, "suite": "one", "case": d, "strategy": case.strategy,
+            "status": "ok", "reason": "", "env": {"torch_version": "2.0"},
+            "measurement": {"peak_bytes": 10 * GIB, "mem_after_forward_bytes": 8 * GIB, "step_time_median_s": 0.01,
+                            "step_times_s": [0.01, 0.011, 0.009], "tokens_per_s": 1600.0,
+                            "cuda_max_allocated_bytes": 10 * GIB, "cuda_max_reserved_bytes": 10 * GIB + GIB // 2},
+            "meters": {"cuda_context_bytes": 700 * 2**20}}
+
+
+@pytest.fixture(params=sorted(BAD_SHAPES))
+def run(tmp_path, request):
+    """A results directory whose one Case has a good line followed by a bad-shaped line."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "suite.toml").write_text(SUITE)
+    case = load_suite(str(out / "suite.toml")).cases[0]
+    store = RecordStore(str(out))
+    store.append(_good(case))
+    store.append({"case_id": case.id, "repeat": 0, **BAD_SHAPES[request.param]})
+    return str(out), case
+
+
+def _skipped_said(text: str, run_dir: str) -> bool:
+    return f"{os.path.join(run_dir, 'records.jsonl')}: 1 line skipped (not valid records)" in text
+
+
+def test_the_good_record_wins_and_the_bad_line_is_listed(run):
+    run_dir, case = run
+    loaded = load_records(run_dir)
+    assert [(r["case_id"], r["status"]) for r in loaded.records] == [(case.id, "ok")]
+    assert loaded.skipped == 1 and "records.jsonl:2: not a record (" in loaded.problems[0]
+    assert _skipped_said(loaded.notes()[0], run_dir)
+
+
+def test_report(run, tmp_path, capsys):
+    run_dir, _ = run
+    html = str(tmp_path / "r.html")
+    assert main(["report", run_dir, "-o", html]) == 0
+    assert _skipped_said(capsys.readouterr().err, run_dir)
+    page = open(html, encoding="utf-8").read()
+    assert "1 line skipped (not valid records)" in page
+
+
+def test_compare(run, capsys):
+    run_dir, _ = run
+    assert main(["compare", run_dir, run_dir, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [p["old_status"] for p in result["points"]] == ["ok"]
+    assert any(_skipped_said(p, run_dir) for p in result["problems"])
+
+
+def test_status(run, capsys):
+    run_dir, _ = run
+    assert main(["status", run_dir]) == 0
+    text = capsys.readouterr()
+    assert _skipped_said(text.out + text.err, run_dir)
+    assert "(ok 1)" in text.out
+
+
+def test_sweep_resume_keeps_the_good_record_and_runs_nothing(run, capsys):
+    run_dir, _ = run
+    assert main(["sweep", "--suite", os.path.join(run_dir, "suite.toml"), "--out", run_dir, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert _skipped_said(err, run_dir) and "1 cases already in" in err
+    assert len(load_records(run_dir).records) == 1
+
+
+def test_plan_from_run(tmp_path, capsys):
+    out = tmp_path / "gpu"
+    out.mkdir()
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    store = RecordStore(str(out))
+    store.append(_good(case, device="cuda"))
+    store.append({"case_id": case.id, "repeat": 0, **BAD_SHAPES["measurement a string"]})
+    assert main(["plan", "--model", "llama-1b", "--device", "h100", "--seq", "4096", "--dtype", "bf16",
+                 "--attn", "sdpa", "--from-run", str(out)]) == 0
+    text = capsys.readouterr()
+    assert _skipped_said(text.err, str(out))
+    assert "context 700 MiB on the peak (measured in" in text.out
+
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "suite.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("line, why", [
+    ({"case_id": "a", "status": "ok", "case": {"batch_size": 1}}, "case is not a Case"),
+    ({"case_id": "a", "status": "ok", "repeat": [0]}, "repeat [0] is not a count"),
+    ({"case_id": 3, "status": "ok"}, "case_id 3 is not a string"),
+    ({"case_id": "a", "status": "ok"}, "no case"),
+    ({"case_id": "a"}, "no status"),
+    ([1, 2], "a JSON list"),
+])
+def test_each_wrong_shape_is_named(tmp_path, line, why):
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"schema": 1, **line} if isinstance(line, dict) else line) + "\n")
+    loaded = load_records(str(path))
+    assert loaded.records == [] and loaded.skipped == 1
+    assert why in loaded.problems[0]
+
+
+def test_the_sweep_axes_must_be_numbers(tmp_path):
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    good = _good(case)
+    bad = {**good, "case": {**good["case"], "seq_len": "16"}}
+    store = RecordStore(str(tmp_path))
+    store.append(good)
+    store.append(bad)
+    loaded = load_records(str(tmp_path))
+    assert loaded.records[0]["case"]["seq_len"] == 16
+    assert "case.seq_len is '16', not an integer" in loaded.problems[0]

@@ -1,0 +1,154 @@
+"""A full disk, a read-only folder or a refused permission: one line naming the file and why, an exit
+status, no temporary file left behind, and the records already written still whole."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from ckptbench.cli import EXIT_STORAGE, main
+from ckptbench.errors import StorageError
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.store.files import write_text_atomic
+from ckptbench.store.records import RecordStore, load_records
+
+CASE = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8).to_dict()
+FAULTS = [(errno.ENOSPC, "disk full (ENOSPC)"), (errno.EROFS, "read-only file system (EROFS)"),
+          (errno.EACCES, "permission denied (EACCES)")]
+SUITE = """
+[suite]
+name = "three"
+
+[model]
+preset = "llama-tiny"
+attn = "eager"
+
+[sweep]
+batch_size = [1]
+seq_len = [16]
+every_n_layers = [0, 1, 2]
+"""
+
+
+def _raise(code: int):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+    return fail
+
+
+def _leftovers(folder) -> list[str]:
+    return [name for _, _, files in os.walk(folder) for name in files if ".tmp" in name]
+
+
+@pytest.mark.parametrize("code, words", FAULTS)
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_a_failed_atomic_write_leaves_no_temporary_file_and_the_old_file(tmp_path, monkeypatch, code, words, step):
+    path = tmp_path / "plan.json"
+    path.write_text("old")
+    monkeypatch.setattr(os, step, _raise(code))
+    with pytest.raises(StorageError) as caught:
+        write_text_atomic(str(path), "new " * 1000)
+    monkeypatch.undo()
+    assert str(caught.value) == f"{words} writing {path}"
+    assert _leftovers(tmp_path) == [] and path.read_text() == "old"
+
+
+def test_an_append_that_fills_the_disk_leaves_the_records_before_it_whole(tmp_path, monkeypatch):
+    store = RecordStore(str(tmp_path))
+    store.append({"case_id": "a", "status": "ok", "case": CASE})
+    before = open(store.path, "rb").read()
+    real_write = os.write
+
+    def half_then_full(fd, data):  # the disk fills halfway through the line
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(StorageError, match=r"disk full \(ENOSPC\) writing .*records.jsonl"):
+        store.append({"case_id": "b", "status": "ok", "case": CASE, "measurement": {"peak_bytes": 1}})
+    monkeypatch.undo()
+    assert open(store.path, "rb").read() == before  # the half line is gone, nothing before it touched
+    store.append({"case_id": "c", "status": "ok", "case": CASE})
+    loaded = load_records(str(tmp_path))
+    assert [r["case_id"] for r in loaded.records] == ["a", "c"] and loaded.problems == []
+
+
+class _FakeRunner:
+    """Stands in for the fork server: every point ends at once, unsupported (no worker, no torch)."""
+
+    def kill_current(self) -> None:
+        pass
+
+    def run(self, case, *args, **kwargs) -> dict:
+        return {"status": "unsupported", "reason": "fake worker", "wall_s": 0.0}
+
+
+@pytest.fixture
+def quick_sweep(tmp_path, monkeypatch):
+    """`ckptbench sweep` of three points with workers that end at once and no calibration."""
+    from ckptbench.run import calibration, sweep
+
+    monkeypatch.setattr(sweep, "IsolatedRunner", _FakeRunner)
+    monkeypatch.setattr(calibration, "machine_rates", lambda cases: (None, "not measured in this test"))
+    suite = tmp_path / "suite.toml"
+    suite.write_text(SUITE)
+    out = str(tmp_path / "run")
+    return lambda *extra: main(["sweep", "--suite", str(suite), "--out", out, *extra]), out
+
+
+def _error_lines(err: str) -> list[str]:
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_a_disk_that_fills_during_a_sweep_is_one_line_and_exit_4(quick_sweep, monkeypatch, capsys):
+    run, out = quick_sweep
+    real_write, lines = os.write, []
+
+    def full_after_one_record(fd, data):
+        if data.startswith(b'{"'):
+            lines.append(data)
+            if len(lines) > 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_after_one_record)
+    assert run() == EXIT_STORAGE
+    monkeypatch.setattr(os, "write", real_write)
+    errors = _error_lines(capsys.readouterr().err)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: disk full (ENOSPC) writing {os.path.join(out, 'records.jsonl')}; what was written before is kept")
+    loaded = load_records(out)
+    assert len(loaded.records) == 1 and loaded.problems == [] and _leftovers(out) == []
+    assert run("--resume") == 0  # space again: the points not recorded run
+    assert len(load_records(out).records) == 3
+
+
+@pytest.mark.parametrize("code, words", FAULTS[1:])
+def test_an_unwritable_out_is_one_line_and_exit_2(quick_sweep, monkeypatch, capsys, code, words):
+    run, out = quick_sweep
+    real_makedirs = os.makedirs
+
+    def refuse(path, *args, **kwargs):
+        if str(path).startswith(out):
+            raise OSError(code, os.strerror(code), path)
+        return real_makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", refuse)
+    assert run() == 2
+    assert _error_lines(capsys.readouterr().err) == [f"error: {words} creating {out}"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")
+def test_a_read_only_out_folder_is_one_line_and_exit_2(quick_sweep, capsys):
+    run, out = quick_sweep
+    os.makedirs(out)
+    os.chmod(out, 0o555)
+    try:
+        assert run() == 2
+    finally:
+        os.chmod(out, 0o755)
+    errors = _error_lines(capsys.readouterr().err)
+    assert len(errors) == 1 and "permission denied (EACCES)" in errors[0] and out in errors[0]
