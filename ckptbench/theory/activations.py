@@ -108,12 +108,14 @@ def head_activation_terms(spec: ModelSpec, batch: int, seq: int, any_checkpointe
       assume ``loss = model(...).loss``).  At real vocabularies this term dominates: Llama-3 8B at
       b=4, s=8192 keeps 4·32768·128256 B = 15.7 GiB here;
     - ``labels`` 8·N: the shifted labels nll_loss keeps (8·(s+1) when b=1: the padded tensor is then
-      already contiguous and kept whole); ``loss`` 8: the loss and nll's total_weight, fp32 scalars;
+      already contiguous and kept whole); ``loss`` 4, the fp32 loss the caller holds, and
+      ``nll_total_weight`` 4, the fp32 scalar nll_loss saves;
     - Llama: ``rope_cos_sin`` 2·B·s·head_dim (batch 1), saved by RoPE or held by the checkpoint closure;
       GPT-2: ``position_ids`` 8·s, saved by the position embedding;
     - with any checkpointed layer, the closure ``partial(forward, **kwargs)`` keeps the kwargs until
       backward: ``causal_mask`` B·b·s² with eager attention (sdpa passes no mask), and Llama's
-      ``position_ids`` 8·s.
+      ``position_ids`` 8·s.  GPT-2 hands the mask to the checkpoint positionally, so checkpoint's
+      ``save_inputs`` saves it (a saved tensor, at every batch size); Llama passes it by keyword.
     """
     B = spec.bytes_per_element
     N = batch * seq
@@ -132,15 +134,16 @@ def head_activation_terms(spec: ModelSpec, batch: int, seq: int, any_checkpointe
         t["causal_mask"] = B * batch * seq * seq
     t["log_softmax"] = FP32 * N * spec.vocab
     t["labels"] = INT64 * batch * (seq + 1 if batch == 1 else seq)
-    t["loss"] = 2 * FP32
+    t["loss"] = FP32
+    t["nll_total_weight"] = FP32
     return t
 
 
 def not_saved_head_terms(spec: ModelSpec, all_checkpointed: bool) -> tuple[str, ...]:
     """Head terms that are live but not autograd-saved tensors (held by Python references instead)."""
-    names = ["loss", "causal_mask"]
+    names = ["loss"]
     if spec.family in ("llama", "qwen2"):
-        names.append("position_ids")
+        names += ["causal_mask", "position_ids"]
         if all_checkpointed:
             names.append("rope_cos_sin")
     return tuple(names)

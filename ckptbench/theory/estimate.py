@@ -92,6 +92,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter.
     optimizer = 2 * pc.total * B + FP32 * pc.n_tensors
     ckpt = checkpointed_layers(spec.layers, every_n_layers)
+    ckpt_set = set(ckpt)  # asked once per layer below: a list would make the walk quadratic in depth
     any_ck = bool(ckpt)
     all_ck = len(ckpt) == spec.layers
     lt = layer_activation_terms(spec, batch, seq, device)
@@ -141,7 +142,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     layer_params = pc.per_layer * B
     moments = {ck: layer_moments(spec, batch, seq, ck) for ck in (False, True)}
     for idx in reversed(range(spec.layers)):
-        checkpointed = idx in ckpt
+        checkpointed = idx in ckpt_set
         kept = ckpt_input if checkpointed else layer_full
         start = a
         if checkpointed and moved:
