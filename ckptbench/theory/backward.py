@@ -26,6 +26,10 @@ batch 1, GPT-2's eager attention makes one B·N·h copy more than at the batch >
 at (0.1 % of the peaks in the test grid).  Qwen2 runs Llama's code (its
 q/k/v biases add a few h-sized buffers, below one part in a thousand); fp16 sizes as bf16.
 
+``bf16-mixed`` rows (autocast over fp32 weights) are derived per family, Llama and Qwen2, because there
+Qwen2's bias copies are exact terms too; their moments include the bf16 weight copies a layer's backward
+still holds and, for a checkpointed layer, those its recomputation casts again.
+
 Keys are ``family/precision/attention/(kept|ckpt)``; values are (the gradient flowing in at the
 layer's start, the moments: (activation bytes above that start, this layer's parameter gradients
 accumulated by then)).  The gradients are exact too: at the MLP's moments only the down projection's
