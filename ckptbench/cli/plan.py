@@ -52,13 +52,14 @@ def _case(args):
 
 
 def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
-    """The analytic estimate where it describes the point (a pure precision of a family that has one, the
-    manual loop) unless --simulate, else the few-layer FakeTensor simulation extrapolated to full depth."""
-    from ..spec import Setup
+    """The analytic estimate where it describes the point (:func:`~ckptbench.spec.analytic_point`: a family
+    that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
+    simulation extrapolated to full depth."""
+    from ..spec import Setup, analytic_point
     from ..theory import plan as planner
 
     setup = setup or Setup()
-    if spec.analytic and setup == Setup() and not force_simulation:
+    if analytic_point(spec, setup, a.device) and not force_simulation:
         return planner.Analytic()
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
     from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
