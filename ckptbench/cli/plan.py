@@ -106,19 +106,6 @@ def _check_html(path: str | None) -> None:
         raise UsageError(f"--html {path}: cannot write in {folder}")
 
 
-def _cpu_peak(spec, seq: int, compute: str) -> tuple[float | None, str]:
-    """This machine's 1-thread matmul rate in the dtype the step computes in, and where it comes from."""
-    from dataclasses import replace
-
-    from ..run.calibration import machine_rates
-    from ..spec import Case, TrainSpec
-
-    rates, why = machine_rates([Case(model=replace(spec, dtype=compute), train=TrainSpec(), batch_size=1,
-                                     seq_len=seq)])
-    peak = rates.matmul.get(("cpu", compute, 1)) if rates else None
-    return peak, "measured here (1 thread)" if peak else f"unknown: {why}"
-
-
 def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
     """Replace the CUDA margins in `a` by those a CUDA run's records measured."""
     from ..store.records import load_records
@@ -158,7 +145,9 @@ def assumptions(args):
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
-        a["peak_flops_per_s"], sources["peak_flops_per_s"] = _cpu_peak(spec, args.seq, compute)
+        from ..run import calibration
+
+        a["peak_flops_per_s"], sources["peak_flops_per_s"] = calibration.cpu_matmul_rate(spec, args.seq, compute)
         return case, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
     name = args.device.upper()
     peak = planner.datasheet_peak(name, compute)
