@@ -79,3 +79,18 @@ def test_the_attention_implementation_is_judged_by_the_kernels_that_ran():
     # a config that says otherwise fails too; with no kernels recorded there is nothing independent: skip
     assert attention_implementation_check(sdpa, {"attn_implementation": "eager", "attention_kernels": fused}).verdict == "fail"
     assert attention_implementation_check(sdpa, {"attn_implementation": "sdpa"}).verdict == "skip"
+
+
+def test_sdpa_with_attention_dropout_may_run_its_math_path_and_nothing_else_may():
+    """Training with attention dropout sends sdpa to torch's math path (no fused kernel): still the sdpa the
+    Case asked for.  Dropout elsewhere (residual, embedding) explains nothing."""
+    from ckptbench.theory.checks import attention_implementation_check
+
+    sdpa = Case(model=preset("gemma2-2b", attn="sdpa", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
+    eager = Case(model=preset("gemma2-2b", attn="eager", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
+    math = {"attn_implementation": "sdpa", "attention_kernels": [], "dropout": {"attention_dropout": 0.1}}
+    check = attention_implementation_check(sdpa, math)
+    assert check.verdict == "pass" and "math path" in check.difference
+    residual_only = {**math, "dropout": {"attention_dropout": 0.0, "residual_dropout": 0.1}}
+    assert attention_implementation_check(sdpa, residual_only).verdict == "fail"
+    assert attention_implementation_check(eager, {**math, "attn_implementation": "eager"}).verdict == "pass"
