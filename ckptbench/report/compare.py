@@ -56,17 +56,38 @@ def _name(point) -> str:
     return point.key if not point.label or point.label in point.key else f"{point.key} {point.label}"
 
 
-def comparison_table(comparison: Comparison, old_name: str, new_name: str):
+TABLE_POINTS = 100  # beyond this many compared points the table lists only the points that moved
+
+
+def notable(point: PointComparison) -> bool:
+    """Whether a point has something to say: a status change, a verdict either way, or a noisy time."""
+    return (point.old_status != point.new_status or point.old_status != "ok" or point.noisy
+            or any(d.regressed or d.improved for d in point.deltas))
+
+
+def shown_points(comparison: Comparison, limit: int = TABLE_POINTS) -> list[PointComparison]:
+    """The points the table draws: all of them up to `limit`, past it only the :func:`notable` ones (a
+    table of 20,000 unchanged points is unreadable and takes minutes to lay out; ``--json`` has them all)."""
+    if len(comparison.points) <= limit:
+        return comparison.points
+    return [p for p in comparison.points if notable(p)]
+
+
+def comparison_table(comparison: Comparison, old_name: str, new_name: str, limit: int = TABLE_POINTS):
     from rich.markup import escape
     from rich.table import Table
 
     t = comparison.thresholds
+    points = shown_points(comparison, limit)
+    hidden = len(comparison.points) - len(points)
     table = Table(title=f"ckptbench compare ({comparison.kind}): {escape(old_name)} -> {escape(new_name)}  "
-                        f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]")
+                        f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]",
+                  caption=f"{hidden} of {len(comparison.points)} points without a change beyond the thresholds "
+                          "not drawn (--json lists every point)" if hidden else None)
     for col in ("point", "quantity", "old", "new", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("old", "new", "change") else "left",
                          overflow="fold")
-    for point in comparison.points:
+    for point in points:
         # Benchmark names carry [params]: escaped, or rich would read them as markup and drop them.
         name = escape(point.label) if point.label in ("", point.key) else \
             f"{escape(point.label)}\n[dim]{escape(point.key)}[/dim]"
