@@ -194,24 +194,37 @@ DELTA_QUANTITIES = (("peak", "peak memory", fmt_bytes), ("after_fwd", "after for
                     ("step_s", "step time (s)", fmt_num), ("tok_s", "tokens/s", lambda v: "–" if math.isnan(v) else f"{v:.0f}"))
 
 
-def deltas(t: pd.DataFrame, base: pd.DataFrame) -> dict:
-    """This run against a baseline run, matched by case id: one row per matched point and quantity."""
-    cur = t.drop_duplicates("case_id", keep="last").set_index("case_id")
-    old = base.drop_duplicates("case_id", keep="last").set_index("case_id")
-    common = [c for c in cur.index if c in old.index]
-    rows = []
-    for cid in common:
-        a, b = old.loc[cid], cur.loc[cid]
-        if a["status"] != "ok" or b["status"] != "ok":
-            rows.append({"setting": setting(b), "quantity": "status", "baseline": a["status"],
-                         "current": b["status"], "delta": "–" if a["status"] == b["status"] else "changed"})
+DELTA_ROWS = 400  # past this many compared quantities the page lists the largest changes only
+
+
+def deltas(t: pd.DataFrame, base: pd.DataFrame, limit: int = DELTA_ROWS) -> dict:
+    """This run against a baseline run, matched by case id: one row per matched point and quantity
+    (status changes first, then the largest changes, when there are more than `limit`)."""
+    cur = t.drop_duplicates("case_id", keep="last")
+    old = base.drop_duplicates("case_id", keep="last")
+    cols = ["case_id", "status"] + [col for col, _, _ in DELTA_QUANTITIES]
+    m = cur[cols + ["variant", "strategy", "batch", "seq"]].merge(old[cols], on="case_id", how="inner",
+                                                                 suffixes=("", "_b"))
+    rows, sizes = [], []
+    names = [setting(r) for r in m[["variant", "strategy", "batch", "seq"]].to_dict("records")]
+    for i, r in enumerate(m.to_dict("records")):
+        if r["status_b"] != "ok" or r["status"] != "ok":
+            rows.append({"setting": names[i], "quantity": "status", "baseline": r["status_b"],
+                         "current": r["status"], "delta": "–" if r["status_b"] == r["status"] else "changed"})
+            sizes.append(math.inf if r["status_b"] != r["status"] else 0.0)
             continue
         for col, name, fmt in DELTA_QUANTITIES:
-            if math.isnan(a[col]) and math.isnan(b[col]):
+            a, b = r[f"{col}_b"], r[col]
+            if math.isnan(a) and math.isnan(b):
                 continue
-            pct = (b[col] / a[col] - 1) * 100 if a[col] else float("nan")
-            rows.append({"setting": setting(b), "quantity": name, "baseline": fmt(a[col]),
-                         "current": fmt(b[col]), "delta": fmt_pct(pct)})
-    return {"rows": rows, "matched": len(common), "only_current": len(set(cur.index) - set(old.index)),
-            "only_baseline": len(set(old.index) - set(cur.index))}
-
+            pct = (b / a - 1) * 100 if a else float("nan")
+            rows.append({"setting": names[i], "quantity": name, "baseline": fmt(a), "current": fmt(b),
+                         "delta": fmt_pct(pct)})
+            sizes.append(0.0 if math.isnan(pct) else abs(pct))
+    total = len(rows)
+    if total > limit:
+        largest = sorted(range(total), key=lambda k: -sizes[k])[:limit]
+        rows = [rows[k] for k in sorted(largest)]
+    cur_ids, old_ids = set(cur["case_id"]), set(old["case_id"])
+    return {"rows": rows, "total_rows": total, "matched": len(m), "only_current": len(cur_ids - old_ids),
+            "only_baseline": len(old_ids - cur_ids)}

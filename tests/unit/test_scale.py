@@ -140,3 +140,19 @@ def test_a_small_comparison_draws_every_point():
     old, new = synthetic_records(30, seed=0), synthetic_records(30, seed=1)
     comparison = compare_runs(old, new)
     assert compare_view.shown_points(comparison) == comparison.points
+
+
+def test_baseline_rows_are_capped_to_the_largest_changes():
+    from ckptbench.report import tables
+    from ckptbench.report.columns import tidy
+    from ckptbench.store.records import to_frame
+
+    old = synthetic_records(300, seed=0)
+    old[5].update(status="crash", reason="gone", checks=None)
+    cur, base = tidy(to_frame(synthetic_records(300, seed=1))), tidy(to_frame(old))
+    out = tables.deltas(cur, base, limit=50)
+    assert out["matched"] == 300 and out["total_rows"] > 50 and len(out["rows"]) == 50
+    status = [r for r in out["rows"] if r["quantity"] == "status" and r["delta"] == "changed"]
+    assert status  # a point ok on one side only is never cut
+    everything = tables.deltas(cur, base, limit=10**6)["rows"]
+    assert len(everything) == out["total_rows"]
