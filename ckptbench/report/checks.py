@@ -51,7 +51,7 @@ def _sort_key(c: dict):
 
 
 def check_rows(t: pd.DataFrame) -> list[dict]:
-    """Every check as a row, failures first, then skips, then passes (small runs; the CSV's order)."""
+    """Every check as a row, failures first, then skips, then passes."""
     return sorted(iter_checks(t), key=_sort_key)
 
 
@@ -66,20 +66,20 @@ def _badness(ratio: float) -> float:
     return math.inf if ratio <= 0 else max(ratio, 1 / ratio)
 
 
-def check_summary(rows: Iterable[dict]) -> list[dict]:
-    """One row per checked quantity: verdict counts, the spread of measured/estimated ratios and the
-    worst of them (farthest from 1 either way), failing quantities first."""
-    by: dict[str, dict] = {}
-    for c in rows:
-        q = by.get(str(c["quantity"]))
-        if q is None:
-            q = by[str(c["quantity"])] = {"quantity": str(c["quantity"]), "pass": 0, "fail": 0, "skip": 0,
-                                          "lo": math.inf, "hi": -math.inf, "tolerance": c.get("tolerance")}
-        verdict = str(c["verdict"])
-        q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
-        ratio = _ratio(c.get("ratio"))
-        if ratio is not None:
-            q["lo"], q["hi"] = min(q["lo"], ratio), max(q["hi"], ratio)
+def _count(by: dict[str, dict], c: dict) -> None:
+    """Add one check to the per-quantity counts of :func:`check_summary`."""
+    q = by.get(str(c["quantity"]))
+    if q is None:
+        q = by[str(c["quantity"])] = {"quantity": str(c["quantity"]), "pass": 0, "fail": 0, "skip": 0,
+                                      "lo": math.inf, "hi": -math.inf, "tolerance": c.get("tolerance")}
+    verdict = str(c["verdict"])
+    q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
+    ratio = _ratio(c.get("ratio"))
+    if ratio is not None:
+        q["lo"], q["hi"] = min(q["lo"], ratio), max(q["hi"], ratio)
+
+
+def _summarise(by: dict[str, dict]) -> list[dict]:
     out = []
     for q in sorted(by.values(), key=lambda q: (-q["fail"], q["quantity"])):
         lo, hi = q.pop("lo"), q.pop("hi")
@@ -88,6 +88,15 @@ def check_summary(rows: Iterable[dict]) -> list[dict]:
         q["worst"] = (f"{lo:.3f}" if _badness(lo) > _badness(hi) else f"{hi:.3f}") if known else "–"
         out.append(q)
     return out
+
+
+def check_summary(rows: Iterable[dict]) -> list[dict]:
+    """One row per checked quantity: verdict counts, the spread of measured/estimated ratios and the
+    worst of them (farthest from 1 either way), failing quantities first."""
+    by: dict[str, dict] = {}
+    for c in rows:
+        _count(by, c)
+    return _summarise(by)
 
 
 @dataclass
@@ -106,8 +115,9 @@ def check_table(t: pd.DataFrame, inline: int = INLINE_CHECKS) -> CheckTable:
     """One pass over the checks: counts per quantity, the failing rows, the figure's points; every row
     kept only while there are at most `inline` of them."""
     out = CheckTable()
-    kept, failing = [], []
+    kept, failing, by = [], [], {}
     for row in iter_checks(t):
+        _count(by, row)
         out.total += 1
         if out.total <= inline:
             kept.append(row)
@@ -118,8 +128,7 @@ def check_table(t: pd.DataFrame, inline: int = INLINE_CHECKS) -> CheckTable:
         if _plotted(row):
             out.points.append({"quantity": row["quantity"], "measured": row["measured"],
                                "estimated": row["estimated"]})
-    # the summary counts every row; the rows themselves are not kept past the inline limit
-    out.summary = check_summary(iter_checks(t)) if out.total > inline else check_summary(kept)
+    out.summary = _summarise(by)  # every check counted; the rows themselves not kept past the limit
     out.all_listed = out.total <= inline
     out.rows = sorted(kept if out.all_listed else failing, key=_sort_key)
     return out
@@ -138,24 +147,37 @@ def csv_path(html_path: str) -> str:
     return stem + ".checks.csv"
 
 
+def _csv_rows(t: pd.DataFrame, failing: bool) -> Iterator[tuple]:
+    """The CSV's rows, the failing checks (`failing`) or the others, in record order, as plain tuples."""
+    for name, strat, cid, checks in zip(settings(t), t["strategy"], t["case_id"], t["checks"]):
+        if not isinstance(checks, list):
+            continue
+        for c in checks:
+            if isinstance(c, dict) and (str(c.get("verdict")) == "fail") == failing:
+                yield (c.get("verdict"), c.get("quantity"), name, strat, cid,
+                       *(_cell(c.get(f)) for f in CSV_FIELDS[5:]))
+
+
 def write_checks_csv(t: pd.DataFrame, path: str) -> int:
-    """Every check of the run, one row per (record, quantity), failures first; written atomically.
-    Returns the number of rows."""
-    rows = check_rows(t)
+    """Every check of the run, one row per (record, quantity), the failing ones first, then the others
+    in record order; written atomically.  Returns the number of rows."""
     tmp = f"{path}.tmp{os.getpid()}"
+    n = 0
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.DictWriter(fh, CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: _cell(v) for k, v in row.items()})
+            writer = csv.writer(fh)
+            writer.writerow(CSV_FIELDS)
+            for failing in (True, False):
+                for row in _csv_rows(t, failing):
+                    writer.writerow(row)
+                    n += 1
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         remove_quietly(tmp)
         raise StorageError(path, exc) from exc
-    return len(rows)
+    return n
 
 
 def _cell(value):

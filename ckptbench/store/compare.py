@@ -282,8 +282,9 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
     new_by = {p.key: p for p in new if p.status != "skipped"}
     pairs = [(o, new_by[k]) for k, o in old_by.items() if k in new_by]
     shift = common_shift(pairs) if thresholds.drift else None
-    sides = [p for pair in pairs for p in pair]
+    sides = [p for pair in pairs for p in pair if p.ci is None]
     cis = dict(zip(map(id, sides), median_cis([list(p.samples) for p in sides])))
+    cis.update((id(p), p.ci) for pair in pairs for p in pair if p.ci is not None)
     points, pending = [], []
     for o, n in pairs:
         pc = PointComparison(o.key, n.label or o.label, o.status, n.status,

@@ -45,6 +45,9 @@ def _medians(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
     resampled = rows[:, idx]
     if np.isnan(rows).any():
         return np.median(resampled, axis=2)
+    if idx.shape[1] == 3:  # three steps (the CPU suites): the middle of three, without a sort
+        a, b, c = resampled[..., 0], resampled[..., 1], resampled[..., 2]
+        return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
     resampled.sort(axis=2)
     n = idx.shape[1]
     mid = n // 2
