@@ -80,8 +80,13 @@ def hub_config(name: str) -> dict:
     """The config.json of hub model `name` from the Hugging Face cache, fetched (that file only) if
     missing and the hub can be reached; a clear error naming the model otherwise."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError
 
-    cached = try_to_load_from_cache(name, "config.json")
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:  # not a repository name the hub allows: nothing to look for
+        raise ConfigError(f"hub model {name!r} is not a valid repository name (org/name: letters, digits, "
+                          "'-', '_' and '.', at most 96 characters)") from None
     if isinstance(cached, str):
         return read_config_file(cached)
     if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0"):
@@ -132,7 +137,10 @@ def spec_values(config: dict) -> dict:
     for field, names in DIM_NAMES.items():
         for name in names:
             if config.get(name) is not None:
-                values[field] = int(config[name])
+                size = config[name]
+                if not isinstance(size, int) or isinstance(size, bool):  # 64.9 must not become 64
+                    raise ConfigError(f"{name} must be a whole number, got {size!r}")
+                values[field] = size
                 break
     if "hidden" not in values or "layers" not in values or "heads" not in values or "vocab" not in values:
         raise ConfigError(f"model_type {model_type!r}: the config gives no hidden size, layer count, head "

@@ -60,6 +60,8 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     AXES,
     AXIS_DEFAULTS,
     DATA_KEYS,
+    MAX_CROSSED,
+    MAX_LAYERS,
     MODEL_DIMS,
     MODEL_KEYS,
     MODEL_SOURCES,
@@ -70,6 +72,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     SuiteError,
     _Checker,
     _is,
+    compute_dtype,
 )
 
 
@@ -118,12 +121,6 @@ def _near(suite_path: str, path: str) -> str:
         return path
     beside = os.path.join(os.path.dirname(suite_path), path)
     return beside if os.path.exists(beside) else path
-
-
-def compute_dtype(precision: str) -> str:
-    """The dtype a precision computes in: the autocast dtype of a mixed one, else the parameters'."""
-    dtype, autocast = PRECISIONS[precision]
-    return autocast or dtype
 
 
 def _model(ck: _Checker, table: dict, device: str, precisions: list | None = None) -> tuple[ModelSpec, str, list]:
@@ -178,6 +175,9 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
         ck.fail("model.attn", f"unknown attention implementation {values['attn']!r}; known: {', '.join(ATTENTIONS)}")
     for key in MODEL_DIMS:
         ck.positive(f"model.{key}", values[key])
+    if values["layers"] > MAX_LAYERS:
+        ck.fail("model.layers", f"{values['layers']:,} layers is more than {MAX_LAYERS:,}: no model that trains "
+                "is that deep")
     if values["hidden"] % values["heads"]:
         ck.fail("model.heads", f"heads={values['heads']} does not divide hidden={values['hidden']}")
     if values["heads"] % values["kv_heads"]:
@@ -343,8 +343,13 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     if not all(_is(b, (int, float)) and math.isfinite(b) and b > 0 for b in budgets):
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
-    cases = []
     rest = [a for a in AXES if a not in ("seed", "precision", "loop")]
+    crossed = len(axes["seed"]) * len(setups) * math.prod(len(axes[a]) for a in rest)
+    if crossed > MAX_CROSSED:  # counted before a single Case is built: 10^4 × 10^4 would not fit in memory
+        widest = max(AXES, key=lambda a: len(axes[a]))
+        ck.fail(f"sweep.{widest}", f"the axes cross to {crossed:,} points (more than {MAX_CROSSED:,}); "
+                "split the sweep into several suites")
+    cases = []
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
     for seed, (dtype, setup), (b, s, n, off, k, ga, ws, impl) in itertools.product(
             axes["seed"], setups, itertools.product(*(axes[a] for a in rest))):

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import math
 
+from .spec import PRECISIONS
+
+# A suite's axes may cross to more points than a sweep runs without --yes (cli/sweep.py's MAX_POINTS), but
+# not to more than this: each point is a Case in memory before anything runs.
+MAX_CROSSED = 1_000_000  # about 630 B a Case: 0.6 GB at most
+MAX_LAYERS = 10_000  # the deepest trained models have about 120; a typo's 100,000 would only hang
+
 
 class SuiteError(Exception):
     """A suite that cannot run: says which file, which key, and why."""
@@ -88,11 +95,19 @@ class _Checker:
         for v in values:
             if not _is(v, AXES[key]):
                 self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
-        if len(set(values)) != len(values):
-            dup = next(v for v in values if values.count(v) > 1)
-            self.fail(f"sweep.{key}", f"duplicate value {dup!r}")
+        seen: set = set()
+        for v in values:  # one pass: a 40,000-value axis is checked as fast as a short one
+            if v in seen:
+                self.fail(f"sweep.{key}", f"duplicate value {v!r}")
+            seen.add(v)
         if AXES[key] is int:
             zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed")
             for v in values:
                 self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
         return values
+
+
+def compute_dtype(precision: str) -> str:
+    """The dtype a precision computes in: the autocast dtype of a mixed one, else the parameters'."""
+    dtype, autocast = PRECISIONS[precision]
+    return autocast or dtype

@@ -1,11 +1,12 @@
 """Derive ckptbench/theory/backward.py's MOMENTS table from the real layers, and say if it changed.
 
-    python scripts/derive_backward_moments.py [--write]
+    python scripts/derive_backward_moments.py [--write] [--only PREFIX]
 
 For every family × precision × attention × (kept | checkpointed) it runs the real transformers step on
 fake tensors (no memory, seconds) for seven models with unrelated hidden / intermediate / head / kv
 sizes and four (batch >= 2, seq) shapes, logs live activation and gradient bytes after every
-allocation of the middle layer's backward, and fits each allocation's value as an exact linear form in
+allocation of the middle layer's backward (bf16-mixed: the forward and loss under
+``torch.autocast("cpu", dtype=torch.bfloat16)`` over fp32 weights, as the manual loop runs it), and fits each allocation's value as an exact linear form in
 N·h, N·i, N·kv, a·N·s, a·N, N, b·s², h·i, h², h·kv, h, kv, i (zero residual, or it stops).  The
 allocation sequence is the same op for every shape, so allocation j is the same moment everywhere.
 The moments kept are those that are the largest of the layer for some realistic shape (Llama-1B/8B,
@@ -15,6 +16,7 @@ GPT-2, Qwen2-0.5B dims, 16 to 16k tokens).  Needs a few minutes on two cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import pathlib
 import sys
@@ -24,9 +26,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptbench.measure.storage import LiveStorageTracker, track_training_state
-from ckptbench.spec import ModelSpec, checkpointed_layers
+from ckptbench.spec import PRECISIONS, ModelSpec, checkpointed_layers
 from ckptbench.theory import backward
-from ckptbench.theory.estimate import estimate
+from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.simulate import _no_packed_sequence_detection, init_adamw_state
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing
 from ckptbench.train.models import build_model
@@ -55,7 +57,7 @@ class Recorder(LiveStorageTracker):
             self.events.append((self.by_category["activations"], self.by_category["grads"]))
 
 
-def record(spec: ModelSpec, batch: int, seq: int, checkpointed: bool):
+def record(spec: ModelSpec, batch: int, seq: int, checkpointed: bool, autocast: str = ""):
     with torch.device("meta"):
         model = build_model(spec, device="meta")
     enable_checkpointing(model, 1 if checkpointed else 0, offload=False)
@@ -93,22 +95,24 @@ def record(spec: ModelSpec, batch: int, seq: int, checkpointed: bool):
 
         layers[LAYER].register_forward_hook(on_output)
         layers[LAYER].register_forward_pre_hook(on_input, with_kwargs=True)
+        cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
         with rec:
-            loss = model(input_ids=ids, labels=ids).loss
+            with cast:
+                loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
     return rec
 
 
-def walk_start(spec: ModelSpec, batch: int, seq: int, checkpointed: bool) -> int:
-    """Activations the estimate's walk says are alive when LAYER's backward starts."""
-    e = estimate(spec, batch, seq, 1 if checkpointed else 0)
-    a = (e.activations_after_forward_bytes - e.head_terms["log_softmax"] - e.head_terms["labels"]
-         - e.head_terms["final_norm"])
-    kept = spec.bytes_per_element * batch * seq * spec.hidden if checkpointed else e.layer_full_bytes
+def walk_start(spec: ModelSpec, batch: int, seq: int, checkpointed: bool, autocast: str = "") -> int:
+    """Activations the estimate's walk says are alive when LAYER's backward starts (from the activation
+    terms alone: the estimate's own walk needs the table being derived)."""
     ck = checkpointed_layers(spec.layers, 1 if checkpointed else 0)
-    for idx in reversed(range(LAYER + 1, spec.layers)):
-        a -= kept if idx in ck else e.layer_full_bytes
-    return a
+    layer_full = sum(layer_activation_terms(spec, batch, seq, "cpu", autocast).values())
+    ht = head_activation_terms(spec, batch, seq, bool(ck), len(ck) == spec.layers, "cpu", autocast)
+    kept = spec.bytes_per_element * batch * seq * spec.hidden if checkpointed else layer_full
+    a = spec.layers * kept + sum(ht.values())
+    a -= ht["log_softmax"] + ht["labels"] + ht["final_norm"] + ht.get("lm_head_weight", 0)
+    return a - (spec.layers - LAYER - 1) * kept  # the layers above LAYER have run their backward
 
 
 def features(batch, seq, h, a, kv, i):
@@ -118,14 +122,15 @@ def features(batch, seq, h, a, kv, i):
 
 def derive(family: str, precision: str, attn: str, checkpointed: bool):
     rows, starts, events = [], [], []
+    dtype, autocast = PRECISIONS[precision]
     for h, a, kvh, i in MODELS:
         kvh = a if family == "gpt2" else kvh
-        spec = ModelSpec(family=family, dtype=precision, attn=attn, vocab=256, max_positions=4096, hidden=h,
+        spec = ModelSpec(family=family, dtype=dtype, attn=attn, vocab=256, max_positions=4096, hidden=h,
                          layers=3, heads=a, kv_heads=kvh, intermediate=i)
         for batch, seq in SHAPES:
-            rec = record(spec, batch, seq, checkpointed)
+            rec = record(spec, batch, seq, checkpointed, autocast)
             rows.append(features(batch, seq, h, a, kvh * (h // a), i))
-            starts.append(rec.start[0] - walk_start(spec, batch, seq, checkpointed))
+            starts.append(rec.start[0] - walk_start(spec, batch, seq, checkpointed, autocast))
             events.append([(x - rec.start[0], g - rec.start[1]) for x, g in rec.events])
     x = np.array(rows, float)
     if family == "gpt2":  # kv == h there: one column says it
@@ -156,12 +161,18 @@ def derive(family: str, precision: str, attn: str, checkpointed: bool):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite the table in backward.py")
+    parser.add_argument("--only", default="", help="derive only the keys starting with this (others kept)")
     args = parser.parse_args()
     changed = 0
-    table = {}
-    for family, precision, attn, ckpt in itertools.product(("llama", "gpt2"), ("fp32", "bf16"), ("eager", "sdpa"),
-                                                           (False, True)):
+    table = dict(backward.MOMENTS)
+    # pure precisions share one table for Llama and Qwen2 (Qwen2's biases are below a part in a thousand
+    # there); under autocast the biases' bf16 copies are cached, so each family has its own exact table
+    combos = [*itertools.product(("llama", "gpt2"), ("fp32", "bf16")), ("llama", "bf16-mixed"),
+              ("qwen2", "bf16-mixed")]
+    for (family, precision), attn, ckpt in itertools.product(combos, ("eager", "sdpa"), (False, True)):
         key = f"{family}/{precision}/{attn}/{'ckpt' if ckpt else 'kept'}"
+        if not key.startswith(args.only):
+            continue
         table[key] = derived = derive(family, precision, attn, ckpt)
         same = backward.MOMENTS.get(key) == derived
         changed += not same

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ckptbench.run.worker import measure
 from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, checkpointing_name, preset
+from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.simulate import simulate
 
 STRATEGIES = ((0, False), (2, False), (1, False), (1, True))
@@ -18,15 +19,17 @@ def row(name: str, precision: str, loop: str, every_n: int, offload: bool, batch
     m = measure(case)
     s = simulate(case.model, batch, seq, every_n, offload, setup=case.setup)
     same = all(m[k] == getattr(s, k) for k in ("mem_after_forward_bytes", "peak_bytes", "peak_phase"))
+    est = estimate_case(case).peak_bytes if case.analytic else None
     return (f"| {name} | {precision} | {loop} | {checkpointing_name(every_n, offload)} | "
             f"{m['mem_after_forward_bytes']:,} | {s.mem_after_forward_bytes:,} | {m['peak_bytes']:,} | "
-            f"{s.peak_bytes:,} | {m['peak_phase']} | {'equal' if same else 'DIFFERENT'} |")
+            f"{s.peak_bytes:,} | {'–' if est is None else f'{est:,}'} | {m['peak_phase']} | "
+            f"{'equal' if same else 'DIFFERENT'} |")
 
 
 def main() -> None:
     print("| model | precision | loop | strategy | after forward, measured B | simulated B | peak, measured B "
-          "| simulated B | peak phase | |")
-    print("|---|---|---|---|---:|---:|---:|---:|---|---|")
+          "| simulated B | analytic estimate B | peak phase | measured = simulated |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|---|")
     for name in ("llama-tiny", "qwen2-tiny", "gpt2-tiny"):
         for precision in ("fp32", "bf16-mixed"):
             for loop in ("manual", "trainer", "accelerate"):

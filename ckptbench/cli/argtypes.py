@@ -39,6 +39,17 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def at_least_zero(text: str) -> int:
+    """A whole number >= 0 (0 meaning off: local SGD steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
 def statuses(text: str) -> tuple[str, ...]:
     """'crash,timeout' -> ('crash', 'timeout'): statuses --resume runs again (each one --retry may name)."""
     from ..run.sweep import RETRYABLE

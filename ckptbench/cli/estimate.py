@@ -60,7 +60,8 @@ def _rows(e: est_mod.Estimate) -> list[tuple[str, int]]:
 
 
 def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
-    head = (f"{e.model}  {e.dtype} {e.attn}  b={e.batch} s={e.seq}  every_n_layers={e.every_n_layers}"
+    precision = f"{e.autocast}-mixed" if e.autocast else e.dtype
+    head = (f"{e.model}  {precision} {e.attn}  b={e.batch} s={e.seq}  every_n_layers={e.every_n_layers}"
             f"{' offload' if e.offload else ''}  params={e.n_params:,}")
     lines = [head, ""]
     if sim is None:
@@ -121,8 +122,10 @@ def _simulated_only(case) -> int:
                    device=case.device, setup=case.setup).to_dict()
     spec = case.model
     why = (f"model_type {spec.family!r} has no analytic estimate" if not spec.analytic else
-           f"the analytic estimate is for pure precisions under the manual loop, this is {case.precision}"
-           + (f" under the {case.setup.loop} loop" if case.setup.loop != "manual" else ""))
+           f"the analytic estimate is for pure precisions (and bf16-mixed Llama / Qwen2 on a CPU) under the "
+           f"manual loop, this is {case.precision}"
+           + (f" under the {case.setup.loop} loop" if case.setup.loop != "manual" else "")
+           + (f" on {case.device}" if case.setup.autocast and case.device != "cpu" else ""))
     print(f"{spec.label} {case.precision} {spec.attn} b={case.batch_size} s={case.seq_len} {case.strategy} "
           f"on {case.device}: {why}, so the simulated step (the real step on fake tensors) is the estimate")
     for key in ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes",
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         from ..theory.simulate import simulate
 
         sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                       device=case.device).to_dict()
+                       device=case.device, setup=case.setup).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

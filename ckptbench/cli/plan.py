@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from ..errors import UsageError
+from .argtypes import at_least_one, at_least_zero
 
 SHOWN = 12  # table rows; --json has every strategy
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
@@ -27,64 +30,80 @@ def parse_bytes(text: str) -> int:
     if not m or m.group(2).lower() not in UNITS:
         raise UsageError(f"--memory takes a size such as 80GiB or 141GB, got {text!r}")
     try:
-        return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+        value = float(m.group(1)) * UNITS[m.group(2).lower()]
     except ValueError:
         raise UsageError(f"--memory takes a size such as 80GiB or 141GB, got {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise UsageError(f"--memory: must be a finite size of at least one byte, got {text!r}")
+    return int(value)
 
 
 def _case(args):
     """A Case of the model and setup the flags describe, through the same rules as a suite file."""
     from ..suite import parse_suite
-    from .quick import model_lines, precision_flag
+    from .quick import model_flag, model_lines, precision_flag
 
     device = "cpu" if args.device == "cpu" else "cuda"
     text = (f'[suite]\ndevice = "{device}"\n[model]\n'
             + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn,
                                      precision=precision_flag(args)))
             + f'\n[train]\nloop = "{args.loop}"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n')
-    return parse_suite(text, f"--model {args.model}").cases[0]
+    return parse_suite(text, model_flag(args.model)).cases[0]
 
 
 def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
-    """The analytic estimate where it describes the point (a pure precision of a family that has one, the
-    manual loop) unless --simulate, else the few-layer FakeTensor simulation extrapolated to full depth."""
-    from ..spec import Setup
+    """The analytic estimate where it describes the point (:func:`~ckptbench.spec.analytic_point`: a family
+    that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
+    simulation extrapolated to full depth."""
+    from ..spec import Setup, analytic_point
     from ..theory import plan as planner
 
     setup = setup or Setup()
-    if spec.analytic and setup == Setup() and not force_simulation:
+    if analytic_point(spec, setup, a.device) and not force_simulation:
         return planner.Analytic()
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
-    from ..theory.extrapolate import NotAffine, Simulated, extrapolation
+    from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
 
     offloads = (False, True) if a.device == "cuda" else (False,)
     # every few-layer step is independent: one process per core simulates them
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=get_context("fork")) as pool:
         try:
             return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup))
-        except NotAffine as exc:
+        except (NotAffine, SimulationFailed) as exc:
             raise UsageError(f"cannot plan {spec.label} from a few-layer simulation: {exc}") from None
+        except BrokenProcessPool:
+            raise UsageError(f"cannot plan {spec.label}: a simulation process died (out of memory?) before it "
+                             "could say why") from None
 
 
-def _calibration(path: str | None) -> dict:
-    """A `calibrate` / `plan --verify` JSON, or {} when none is given or it does not exist yet."""
-    if not path or not os.path.exists(path):
+def _calibration(path: str | None, verify: bool = False) -> dict:
+    """A `calibrate` / `plan --verify` JSON, or {} when none is given (or, with --verify, which writes it,
+    when it does not exist yet)."""
+    if not path or (verify and not os.path.exists(path)):
         return {}
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"--calibration {path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--calibration {path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--calibration {path}: not a calibration (a JSON object), got {type(data).__name__}")
+    return data
 
 
-def _cpu_peak(spec, seq: int, compute: str) -> tuple[float | None, str]:
-    """This machine's 1-thread matmul rate in the dtype the step computes in, and where it comes from."""
-    from dataclasses import replace
-
-    from ..run.calibration import machine_rates
-    from ..spec import Case, TrainSpec
-
-    rates, why = machine_rates([Case(model=replace(spec, dtype=compute), train=TrainSpec(), batch_size=1,
-                                     seq_len=seq)])
-    peak = rates.matmul.get(("cpu", compute, 1)) if rates else None
-    return peak, "measured here (1 thread)" if peak else f"unknown: {why}"
+def _check_html(path: str | None) -> None:
+    """Refuse an --html path that cannot be written before the plan is computed, not after."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--html {path}: is a directory")
+    if not os.path.isdir(folder):
+        raise UsageError(f"--html {path}: no directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--html {path}: cannot write in {folder}")
 
 
 def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
@@ -112,7 +131,7 @@ def assumptions(args):
 
     case = _case(args)
     spec, compute = case.model, case.compute_dtype
-    cal = _calibration(args.calibration)
+    cal = _calibration(args.calibration, args.verify)
     sources = {"efficiency": "default"}
     a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
          "network": args.network}
@@ -126,7 +145,9 @@ def assumptions(args):
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
-        a["peak_flops_per_s"], sources["peak_flops_per_s"] = _cpu_peak(spec, args.seq, compute)
+        from ..run import calibration
+
+        a["peak_flops_per_s"], sources["peak_flops_per_s"] = calibration.cpu_matmul_rate(spec, args.seq, compute)
         return case, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
     name = args.device.upper()
     peak = planner.datasheet_peak(name, compute)
@@ -183,6 +204,7 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
 def cmd_plan(args) -> int:
     from ..theory import plan as planner
 
+    _check_html(args.html)
     case, a = assumptions(args)
     spec = case.model
     t0 = time.perf_counter()
@@ -204,8 +226,11 @@ def cmd_plan(args) -> int:
         from ..report.plan_section import plan_page
         from ..store.files import write_text_atomic
 
-        write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, label, why),
-                                                "memory_source": predict.source}))
+        try:
+            write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, label, why),
+                                                    "memory_source": predict.source}))
+        except OSError as exc:
+            raise UsageError(f"--html {args.html}: cannot write: {exc.strerror or exc}") from None
         print(f"plan page: {args.html}", file=sys.stderr)
     if args.verify:
         from .verify import verify
@@ -232,11 +257,11 @@ def add_parser(sub) -> None:
     p.add_argument("--simulate", action="store_true",
                    help="plan from the few-layer FakeTensor simulation even where an analytic estimate exists "
                         "(models without one always are)")
-    p.add_argument("--world", type=int, default=1, metavar="N",
+    p.add_argument("--world", type=at_least_one, default=1, metavar="N",
                    help="data-parallel ranks: each holds the whole model and DDP's gradient buckets; tokens/s "
                         "is that of all ranks, with the gradient (or, with --local-sgd-steps, parameter) "
                         "all-reduce projected on --network")
-    p.add_argument("--local-sgd-steps", type=int, default=0, metavar="K",
+    p.add_argument("--local-sgd-steps", type=at_least_zero, default=0, metavar="K",
                    help="with --world: average parameters every K steps instead of gradients every step")
     from ..theory.network import LINKS
 

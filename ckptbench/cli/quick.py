@@ -7,6 +7,7 @@ so a quick sweep is exactly as reproducible as a written one: ``--suite OUT/suit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 
@@ -27,14 +28,20 @@ def _ints(text: str) -> list[int]:
 
 def model_source(model: str) -> str:
     """A preset name, a config.json (file or directory), or a hub name: the suite line that says which."""
+    # json.dumps quotes a TOML basic string: a quote or newline in the flag stays inside the value
     if model in PRESETS:
-        return f'preset = "{model}"'
+        return f"preset = {json.dumps(model)}"
     if os.path.exists(model):
-        return f'config = "{os.path.abspath(model)}"'
+        return f"config = {json.dumps(os.path.abspath(model))}"
     if "/" in model:
-        return f'hub = "{model}"'
+        return f"hub = {json.dumps(model)}"
     raise UsageError(f"--model {model!r} is not a preset ({', '.join(sorted(PRESETS))}), a config.json path "
                      "or a hub name (org/name)")
+
+
+def model_flag(model: str) -> str:
+    """How a message names the --model value: as given, quoted when it holds a newline or control character."""
+    return f"--model {model if model.isprintable() else repr(model)}"
 
 
 def model_lines(model: str, **overrides) -> list[str]:

@@ -177,10 +177,10 @@ def _suite(args):
         raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...), not both")
     if args.suite:
         return load_suite(args.suite)
-    from .quick import suite_text
+    from .quick import model_flag, suite_text
 
     text = suite_text(args)
-    return parse_suite(text, f"--model {args.model}")
+    return parse_suite(text, model_flag(args.model))
 
 
 def cmd_sweep(args) -> int:

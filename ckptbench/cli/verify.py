@@ -4,12 +4,18 @@ The recommended strategy at its largest batch and one batch below, and the runne
 batch, run as an ordinary sweep (records, checks, report); the plan's predicted peak and tokens/s are set
 beside the measured ones, and the measured training efficiency (predicted step time × assumed efficiency /
 measured step time, the median over the points) is written to ``--calibration`` so the next plan uses it.
+
+On a CPU the efficiency is a fraction of the matmul rate measured right before and right after the steps
+(the higher of the two), not of the rate the plan measured: a rate taken under another load would make it
+anything, above 1 included.  An efficiency that is not a fraction in (0, 1] is never written; the command
+says why in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -25,6 +31,26 @@ def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]]
             f'[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 3\nloop = "{loop}"\n'
             f"[sweep]\nbatch_size = {batches}\nseq_len = [{seq}]\nevery_n_layers = {every_n}\n"
             f"offload = [{', '.join('true' if o else 'false' for o in offload)}]\n")
+
+
+def calibrated_efficiency(assumed: float, ratios: list[float]) -> tuple[float | None, str]:
+    """(the measured training efficiency, "") or (None, why none may be written)."""
+    if not ratios:
+        return None, "no point has both a predicted and a measured step time"
+    efficiency = assumed * statistics.median(ratios)
+    if not math.isfinite(efficiency) or efficiency <= 0:
+        return None, f"the measured efficiency came out {efficiency}, not a fraction of the peak"
+    if efficiency > 1:
+        return None, (f"the measured efficiency {efficiency:.0%} of the peak FLOP/s is above 100%: "
+                      "the rate and the steps were not measured under the same conditions")
+    return efficiency, ""
+
+
+def _rate_beside_steps(planned, seq: int) -> tuple[float | None, str]:
+    """This CPU's matmul rate now, in the dtype and thread count the verify steps run with."""
+    from ..run import calibration
+
+    return calibration.cpu_matmul_rate(planned.model, seq, planned.compute_dtype, planned.train.threads)
 
 
 def verify(args, planned, options, a, predict) -> int:
@@ -62,7 +88,17 @@ def verify(args, planned, options, a, predict) -> int:
             "tokens_per_s": case.batch_size * case.seq_len / seconds if seconds else None,
             "max_batch": predicted[(case.every_n_layers, case.offload)].max_batch}
 
+    rates = [_rate_beside_steps(planned, args.seq)] if a.device == "cpu" else []
     run_sweep(suite, SweepOptions(out_dir=out), annotate=annotate)
+    rates += [_rate_beside_steps(planned, args.seq)] if a.device == "cpu" else []
+    # the efficiency is measured against the rate of the moment the steps ran in, not the plan's
+    here, rate_note = a, a.sources.get("peak_flops_per_s", "")
+    if rates:
+        measured = [r for r, _ in rates if r]
+        here = dataclasses.replace(a, peak_flops_per_s=max(measured) if measured else None)
+        shown = ", ".join(f"{r / 1e9:.1f}" if r else "none" for r, _ in rates)
+        rate_note = (f"{max(measured) / 1e9:.1f} GFLOP/s, the higher of the matmul rates measured before and "
+                     f"after the steps ({shown})" if measured else f"no matmul rate beside the steps: {rates[-1][1]}")
     from ..store.files import write_text_atomic
     from ..theory.plan import to_dict
 
@@ -77,20 +113,23 @@ def verify(args, planned, options, a, predict) -> int:
         est = predict.peak(case)
         tokens = case.batch_size * case.seq_len
         measured_tps = m.get("tokens_per_s")
-        if predicted_s and m.get("step_time_median_s"):
-            ratios.append(predicted_s / m["step_time_median_s"])
+        beside_s, _ = step_seconds(case, here, predict)
+        if beside_s and m.get("step_time_median_s"):
+            ratios.append(beside_s / m["step_time_median_s"])
         print(f"{case.strategy:<16} {case.batch_size:>5} {(est or 0) / 2**30:>13.3f} "
               f"{(m.get('peak_bytes') or 0) / 2**30:>13.3f} {tokens / predicted_s if predicted_s else 0:>10,.0f} "
               f"{measured_tps or 0:>10,.0f}  {r['status']}")
-    if ratios and args.calibration:
-        efficiency = a.efficiency * statistics.median(ratios)
+    if args.calibration:
+        efficiency, why = calibrated_efficiency(a.efficiency, ratios)
+        if efficiency is None:
+            print(f"no calibration written to {args.calibration}: {why} (peak: {rate_note})")
+            return 0
         cal = {}
         if os.path.exists(args.calibration):
             with open(args.calibration, encoding="utf-8") as fh:
                 cal = json.load(fh)
         cal.update(training_efficiency=efficiency, training_efficiency_points=len(ratios),
-                   training_efficiency_from=out)
-        with open(args.calibration, "w", encoding="utf-8") as fh:
-            json.dump(cal, fh, indent=2)
-        print(f"measured training efficiency {efficiency:.1%} of the peak FLOP/s -> {args.calibration}")
+                   training_efficiency_from=out, training_efficiency_peak=rate_note)
+        write_text_atomic(args.calibration, json.dumps(cal, indent=2))
+        print(f"measured training efficiency {efficiency:.1%} of the peak FLOP/s ({rate_note}) -> {args.calibration}")
     return 0

@@ -31,8 +31,8 @@ Verdicts, and why the defaults are what they are:
 - **Status**: a point that was ``ok`` and now is not (oom, timeout, crash, ...) is a regression.
 - **One-sided points** (in OLD only or NEW only) are listed, never dropped, but do not by themselves fail
   the comparison: adding or retiring points is how suites evolve, and a removed point cannot hide a
-  regression because every point present on both sides is still judged.  A comparison with no point in
-  common is reported as such.
+  regression because every point present on both sides is still judged.  Two runs with no point in
+  common are refused (exit 2, one line): nothing was compared, so neither a pass nor a fail is true.
 
 For other code: :func:`compare_runs` (records in, :class:`Comparison` out) is the entry point, e.g. for
 the HTML report; :func:`load_side` reads a path; :mod:`ckptbench.report.compare` draws the table.

@@ -26,10 +26,11 @@ V vocab, B bytes per element of the model dtype.
 from __future__ import annotations
 
 from ..spec import ModelSpec
-from .units import FP32, INT64
+from .units import FP32, HALF, INT64
 
 
-def layer_activation_terms(spec: ModelSpec, batch: int, seq: int, device: str = "cpu") -> dict[str, int]:
+def layer_activation_terms(spec: ModelSpec, batch: int, seq: int, device: str = "cpu",
+                           autocast: str = "") -> dict[str, int]:
     """Bytes one *non-checkpointed* decoder layer keeps for backward, by term (its input included).
 
     Llama / Qwen2 (RMSNorm, RoPE, GQA, SwiGLU):
@@ -62,6 +63,8 @@ def layer_activation_terms(spec: ModelSpec, batch: int, seq: int, device: str = 
       (6·sbh, theirs 4 + the shared input 2); no dropout masks (theirs 2·sbh + a·s²·b); and the softmax
       output is kept once instead of before and after dropout (theirs 4·a·s²·b, ours 2).
     """
+    if autocast:
+        return mixed_layer_activation_terms(spec, batch, seq, autocast)
     B = spec.bytes_per_element
     N = batch * seq
     h, a, i = spec.hidden, spec.heads, spec.intermediate
@@ -98,7 +101,7 @@ def layer_activation_terms(spec: ModelSpec, batch: int, seq: int, device: str = 
 
 
 def head_activation_terms(spec: ModelSpec, batch: int, seq: int, any_checkpointed: bool,
-                          all_checkpointed: bool = False, device: str = "cpu") -> dict[str, int]:
+                          all_checkpointed: bool = False, device: str = "cpu", autocast: str = "") -> dict[str, int]:
     """Bytes live after the forward outside the decoder layers: inputs, final norm, loss, shared tensors.
 
     - ``input_ids`` 8·N (saved by the embedding; the harness counts the batch as activations);
@@ -108,18 +111,29 @@ def head_activation_terms(spec: ModelSpec, batch: int, seq: int, any_checkpointe
       assume ``loss = model(...).loss``).  At real vocabularies this term dominates: Llama-3 8B at
       b=4, s=8192 keeps 4·32768·128256 B = 15.7 GiB here;
     - ``labels`` 8·N: the shifted labels nll_loss keeps (8·(s+1) when b=1: the padded tensor is then
-      already contiguous and kept whole); ``loss`` 8: the loss and nll's total_weight, fp32 scalars;
+      already contiguous and kept whole); ``loss`` 4, the fp32 loss the caller holds, and
+      ``nll_total_weight`` 4, the fp32 scalar nll_loss saves;
     - Llama: ``rope_cos_sin`` 2·B·s·head_dim (batch 1), saved by RoPE or held by the checkpoint closure;
       GPT-2: ``position_ids`` 8·s, saved by the position embedding;
     - with any checkpointed layer, the closure ``partial(forward, **kwargs)`` keeps the kwargs until
       backward: ``causal_mask`` B·b·s² with eager attention (sdpa passes no mask), and Llama's
-      ``position_ids`` 8·s.
+      ``position_ids`` 8·s.  GPT-2 hands the mask to the checkpoint positionally, so checkpoint's
+      ``save_inputs`` saves it (a saved tensor, at every batch size); Llama passes it by keyword.
     """
     B = spec.bytes_per_element
     N = batch * seq
     h = spec.hidden
     t: dict[str, int] = {"input_ids": INT64 * N}
-    if spec.family in ("llama", "qwen2"):
+    if autocast:
+        _mixed_family(spec, autocast)
+        # fp32 input, rsqrt and normalised tensor as in a layer; the LM head saves its own 16-bit cast of
+        # the (fp32) weighted output, and the cast cache's 16-bit copy of its weight
+        t["final_norm"] = FP32 * N * h + FP32 * N + FP32 * N * h + HALF * N * h
+        t["lm_head_weight"] = HALF * spec.vocab * h
+        t["rope_cos_sin"] = 2 * B * seq * spec.head_dim
+        if any_checkpointed:
+            t["position_ids"] = INT64 * seq
+    elif spec.family in ("llama", "qwen2"):
         t["final_norm"] = FP32 * N * h + FP32 * N + 2 * B * N * h
         t["rope_cos_sin"] = 2 * B * seq * spec.head_dim
         if any_checkpointed:
@@ -132,15 +146,80 @@ def head_activation_terms(spec: ModelSpec, batch: int, seq: int, any_checkpointe
         t["causal_mask"] = B * batch * seq * seq
     t["log_softmax"] = FP32 * N * spec.vocab
     t["labels"] = INT64 * batch * (seq + 1 if batch == 1 else seq)
-    t["loss"] = 2 * FP32
+    t["loss"] = FP32
+    t["nll_total_weight"] = FP32
     return t
+
+
+def _mixed_family(spec: ModelSpec, autocast: str) -> None:
+    if autocast != "bf16" or spec.family not in ("llama", "qwen2") or spec.dtype != "fp32":
+        raise NotImplementedError(f"no analytic terms for {autocast}-mixed {spec.dtype} {spec.family}")
+
+
+def linear_weight_elements(spec: ModelSpec) -> int:
+    """Elements of one decoder layer's nn.Linear weights (q, k, v, o, gate, up, down): what autocast's cast
+    cache copies to 16 bits."""
+    h, i, kv = spec.hidden, spec.intermediate, spec.kv_heads * spec.head_dim
+    return 2 * h * h + 2 * h * kv + 3 * h * i
+
+
+def mixed_layer_activation_terms(spec: ModelSpec, batch: int, seq: int, autocast: str) -> dict[str, int]:
+    """Bytes one non-checkpointed Llama / Qwen2 layer keeps for backward under bf16 autocast over fp32
+    weights (``torch.autocast("cpu", dtype=torch.bfloat16)``), by term.
+
+    The residual stream and both RMSNorms stay fp32 (elementwise ops are not autocast), every nn.Linear
+    and sdpa run in bf16 and each saves its own casts:
+      - ``norm_inputs_fp32`` 2·4·N·h, ``norm_rsqrt`` 2·4·N, ``norm_outputs`` 2·4·N·h: as in an fp32 model
+        the input, the rsqrt and the normalised tensor (saved by ``weight *``); the weighted fp32 output
+        is not saved, the linears keep their casts of it instead;
+      - ``linear_inputs`` 5·2·N·h: q, k, v, gate and up each cast the norm's output to bf16 afresh (the
+        cast cache keeps only leaf tensors that require grad, i.e. weights), and each saves its copy;
+      - ``linear_weights`` 2·(2h² + 2h·kv + 3h·i): the cast cache's bf16 copy of each weight, which its
+        linear saves for the input gradient (so it outlives the autocast region until this layer's
+        backward);
+      - RoPE multiplies the bf16 projections by fp32 cos/sin (type promotion: fp32 q and k, not saved);
+        sdpa casts them back: ``attn_qkv`` 2·N·(h + 2·kv) (v is the bf16 projection itself),
+        ``attn_out`` 2·N·h, ``attn_logsumexp`` 4·a·N;
+        eager: ``attn_qkv`` 3·2·N·h (matmul's bf16 casts of q and the expanded k; v expanded in bf16),
+        ``attn_probs`` a·N·s·(4 + 2) (the fp32 softmax output, and the bf16 cast the second matmul
+        saves), ``attn_out`` 2·N·h (the contiguous copy o_proj saves);
+      - ``mlp`` 4·2·N·i: gate, silu, up and their product, all bf16 (silu and mul follow their inputs).
+    Qwen2's q/k/v biases are cast and cached too, but no op saves them: they live only while autocast
+    does (:func:`mixed_forward_only_bytes`).
+    """
+    _mixed_family(spec, autocast)
+    N = batch * seq
+    h, a, i = spec.hidden, spec.heads, spec.intermediate
+    kv = spec.kv_heads * spec.head_dim
+    t = {"norm_inputs_fp32": 2 * FP32 * N * h, "norm_rsqrt": 2 * FP32 * N, "norm_outputs": 2 * FP32 * N * h,
+         "linear_inputs": 5 * HALF * N * h, "linear_weights": HALF * linear_weight_elements(spec)}
+    if spec.attn == "eager":
+        t["attn_qkv"] = 3 * HALF * N * h
+        t["attn_probs"] = a * N * seq * (FP32 + HALF)
+        t["attn_out"] = HALF * N * h
+    else:
+        t["attn_qkv"] = HALF * N * (h + 2 * kv)
+        t["attn_out"] = HALF * N * h
+        t["attn_logsumexp"] = FP32 * a * N
+    t["mlp"] = 4 * HALF * N * i
+    return t
+
+
+def mixed_forward_only_bytes(spec: ModelSpec, checkpointed: int) -> int:
+    """16-bit weight copies the cast cache holds until the autocast region (forward and loss) ends that no
+    op saves: a checkpointed layer's (its forward saves nothing; the recomputation casts again), and
+    Qwen2's q/k/v biases (addmm does not save its bias)."""
+    extra = checkpointed * HALF * linear_weight_elements(spec)
+    if spec.family == "qwen2":
+        extra += spec.layers * HALF * (spec.hidden + 2 * spec.kv_heads * spec.head_dim)
+    return extra
 
 
 def not_saved_head_terms(spec: ModelSpec, all_checkpointed: bool) -> tuple[str, ...]:
     """Head terms that are live but not autograd-saved tensors (held by Python references instead)."""
-    names = ["loss", "causal_mask"]
+    names = ["loss"]
     if spec.family in ("llama", "qwen2"):
-        names.append("position_ids")
+        names += ["causal_mask", "position_ids"]
         if all_checkpointed:
             names.append("rope_cos_sin")
     return tuple(names)

@@ -26,6 +26,10 @@ batch 1, GPT-2's eager attention makes one B·N·h copy more than at the batch >
 at (0.1 % of the peaks in the test grid).  Qwen2 runs Llama's code (its
 q/k/v biases add a few h-sized buffers, below one part in a thousand); fp16 sizes as bf16.
 
+``bf16-mixed`` rows (autocast over fp32 weights) are derived per family, Llama and Qwen2, because there
+Qwen2's bias copies are exact terms too; their moments include the bf16 weight copies a layer's backward
+still holds and, for a checkpointed layer, those its recomputation casts again.
+
 Keys are ``family/precision/attention/(kept|ckpt)``; values are (the gradient flowing in at the
 layer's start, the moments: (activation bytes above that start, this layer's parameter gradients
 accumulated by then)).  The gradients are exact too: at the MLP's moments only the down projection's
@@ -168,6 +172,82 @@ MOMENTS: dict[str, tuple[Form, tuple[tuple[Form, Form], ...]]] = {
             ({'N*h': 10, 'N': 4, 'h*h': 6}, {'h*i': 4, 'h*h': 2, 'h': 8, 'i': 2}),
         ),
     ),
+    "llama/bf16-mixed/eager/kept": (
+        {'N*h': 4},
+        (
+            ({'N*i': 4, 'h*i': -2}, {'h*i': 4}),
+            ({'N*h': 2, 'N*i': -4, 'h*i': 2}, {'h*i': 4}),
+            ({'N*i': -8}, {'h*i': 8}),
+            ({'N*h': -14, 'N*i': -8, 'a*N*s': 6, 'N': -4, 'h*i': -6, 'h*h': -2}, {'h*i': 12, 'h*h': 4, 'h': 4}),
+            ({'N*h': -22, 'N*i': -8, 'a*N*s': -6, 'N': -4, 'h*i': -6, 'h*h': 2, 'h*kv': -4}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4}),
+        ),
+    ),
+    "llama/bf16-mixed/eager/ckpt": (
+        {'N*h': 4},
+        (
+            ({'N*h': 30, 'N*i': 12, 'a*N*s': 6, 'N': 8, 'h*i': 4, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 32, 'N*i': 4, 'a*N*s': 6, 'N': 8, 'h*i': 8, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 30, 'a*N*s': 6, 'N': 8, 'h*i': 6, 'h*h': 4, 'h*kv': 4}, {'h*i': 8}),
+            ({'N*h': 16, 'a*N*s': 12, 'N': 4, 'h*h': 2, 'h*kv': 4}, {'h*i': 12, 'h*h': 4, 'h': 4}),
+            ({'N*h': 8, 'N': 4, 'h*h': 6}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4}),
+        ),
+    ),
+    "llama/bf16-mixed/sdpa/kept": (
+        {'N*h': 4},
+        (
+            ({'N*i': 4, 'h*i': -2}, {'h*i': 4}),
+            ({'N*h': 2, 'N*i': -4, 'h*i': 2}, {'h*i': 4}),
+            ({'N*i': -8}, {'h*i': 8}),
+            ({'N*h': -18, 'N*i': -8, 'N*kv': -4, 'a*N': -4, 'N': -4, 'h*i': -6, 'h*h': 2, 'h*kv': -4}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4}),
+        ),
+    ),
+    "llama/bf16-mixed/sdpa/ckpt": (
+        {'N*h': 4},
+        (
+            ({'N*h': 26, 'N*i': 12, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 4, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 28, 'N*i': 4, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 8, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 26, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 6, 'h*h': 4, 'h*kv': 4}, {'h*i': 8}),
+            ({'N*h': 8, 'N': 4, 'h*h': 6}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4}),
+        ),
+    ),
+    "qwen2/bf16-mixed/eager/kept": (
+        {'N*h': 4},
+        (
+            ({'N*i': 4, 'h*i': -2}, {'h*i': 4}),
+            ({'N*h': 2, 'N*i': -4, 'h*i': 2}, {'h*i': 4}),
+            ({'N*i': -8}, {'h*i': 8}),
+            ({'N*h': -14, 'N*i': -8, 'a*N*s': 6, 'N': -4, 'h*i': -6, 'h*h': -2}, {'h*i': 12, 'h*h': 4, 'h': 4}),
+            ({'N*h': -22, 'N*i': -8, 'a*N*s': -6, 'N': -4, 'h*i': -6, 'h*h': 2, 'h*kv': -4, 'h': 2}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4, 'kv': 8}),
+        ),
+    ),
+    "qwen2/bf16-mixed/eager/ckpt": (
+        {'N*h': 4},
+        (
+            ({'N*h': 30, 'N*i': 12, 'a*N*s': 6, 'N': 8, 'h*i': 4, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 32, 'N*i': 4, 'a*N*s': 6, 'N': 8, 'h*i': 8, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 30, 'a*N*s': 6, 'N': 8, 'h*i': 6, 'h*h': 4, 'h*kv': 4}, {'h*i': 8}),
+            ({'N*h': 16, 'a*N*s': 12, 'N': 4, 'h*h': 2, 'h*kv': 4}, {'h*i': 12, 'h*h': 4, 'h': 4}),
+            ({'N*h': 8, 'N': 4, 'h*h': 6, 'h': 2}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4, 'kv': 8}),
+        ),
+    ),
+    "qwen2/bf16-mixed/sdpa/kept": (
+        {'N*h': 4},
+        (
+            ({'N*i': 4, 'h*i': -2}, {'h*i': 4}),
+            ({'N*h': 2, 'N*i': -4, 'h*i': 2}, {'h*i': 4}),
+            ({'N*i': -8}, {'h*i': 8}),
+            ({'N*h': -18, 'N*i': -8, 'N*kv': -4, 'a*N': -4, 'N': -4, 'h*i': -6, 'h*h': 2, 'h*kv': -4, 'h': 2}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4, 'kv': 8}),
+        ),
+    ),
+    "qwen2/bf16-mixed/sdpa/ckpt": (
+        {'N*h': 4},
+        (
+            ({'N*h': 26, 'N*i': 12, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 4, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 28, 'N*i': 4, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 8, 'h*h': 4, 'h*kv': 4}, {'h*i': 4}),
+            ({'N*h': 26, 'N*kv': 4, 'a*N': 4, 'N': 8, 'h*i': 6, 'h*h': 4, 'h*kv': 4}, {'h*i': 8}),
+            ({'N*h': 8, 'N': 4, 'h*h': 6, 'h': 2}, {'h*i': 12, 'h*h': 4, 'h*kv': 8, 'h': 4, 'kv': 8}),
+        ),
+    ),
 }
 
 
@@ -180,9 +260,11 @@ def features(spec: ModelSpec, batch: int, seq: int) -> dict[str, int]:
             "b*s*s": batch * seq * seq, "h*i": h * i, "h*h": h * h, "h*kv": h * kv, "h": h, "kv": kv, "i": i}
 
 
-def table_key(spec: ModelSpec, checkpointed: bool) -> str:
+def table_key(spec: ModelSpec, checkpointed: bool, autocast: str = "") -> str:
     family = "gpt2" if spec.family == "gpt2" else "llama"
     precision = "fp32" if spec.bytes_per_element == 4 else "bf16"
+    if autocast:
+        family, precision = spec.family, f"{autocast}-mixed"
     return f"{family}/{precision}/{spec.attn}/{'ckpt' if checkpointed else 'kept'}"
 
 
@@ -190,10 +272,10 @@ def evaluate(form: Form, values: dict[str, int]) -> int:
     return int(sum(coef * values[name] for name, coef in form.items()))
 
 
-def layer_moments(spec: ModelSpec, batch: int, seq: int,
-                  checkpointed: bool) -> tuple[int, list[tuple[int, int]]]:
+def layer_moments(spec: ModelSpec, batch: int, seq: int, checkpointed: bool,
+                  autocast: str = "") -> tuple[int, list[tuple[int, int]]]:
     """(bytes flowing in at the layer's start, [(activations above that start, the layer's gradients
     accumulated so far)] for each moment) of one layer's backward."""
-    start, moments = MOMENTS[table_key(spec, checkpointed)]
+    start, moments = MOMENTS[table_key(spec, checkpointed, autocast)]
     values = features(spec, batch, seq)
     return evaluate(start, values), [(evaluate(m, values), evaluate(g, values)) for m, g in moments]

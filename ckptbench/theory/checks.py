@@ -136,15 +136,21 @@ def attention_kernel_check(case: Case, m: dict) -> Check:
 
 
 def attention_implementation_check(case: Case, m: dict) -> Check:
-    """The attention transformers built the model with (``config._attn_implementation``, as the worker saw
-    it) against the Case's, which the estimate and the FLOP formula assume: exact.  A suite that names no
+    """The attention that ran, read off the kernels the FLOP counter saw (a fused
+    ``_scaled_dot_product_*`` kernel is sdpa, none is eager), against the Case's, which the estimate and
+    the FLOP formula assume: exact.  The built config's ``_attn_implementation`` only echoes what the
+    builder was told, so it cannot stand alone; it must agree too.  sdpa that fell back to its math path
+    reads as eager here: it ran the separate matmuls the Case did not ask for.  A suite that names no
     attention gets transformers' default when it is parsed, so this also checks that default was read right."""
-    ran = m.get("attn_implementation")
-    if ran is None:  # records from before the worker recorded it
+    kernels = m.get("attention_kernels")
+    if kernels is None:  # records from before the worker counted kernels: nothing independent to compare
         return Check("attn_implementation", None, case.model.attn, None, 0.0, "skip", None)
-    same = ran == case.model.attn
+    ran = "sdpa" if kernels else "eager"
+    built = m.get("attn_implementation")
+    same = ran == case.model.attn and built in (None, case.model.attn)
+    why = None if same else f"kernels: {', '.join(kernels) or 'none'}; built config: {built or 'not recorded'}"
     return Check("attn_implementation", ran, case.model.attn, 1.0 if same else 0.0, 0.0,
-                 "pass" if same else "fail", None)
+                 "pass" if same else "fail", why)
 
 
 # What the builder sets whatever the config says (no KV cache, the Case's dtype; dropout 0 when the Case

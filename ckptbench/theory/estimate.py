@@ -11,10 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..spec import Case, ModelSpec, checkpointed_layers
-from .activations import head_activation_terms, layer_activation_terms, not_saved_head_terms
+from .activations import (
+    head_activation_terms,
+    layer_activation_terms,
+    mixed_forward_only_bytes,
+    not_saved_head_terms,
+)
 from .backward import layer_moments
 from .params import param_count
-from .units import FP32, INT64
+from .units import FP32, HALF, INT64
 
 # head terms every layer uses and layer 0's backward releases (:func:`.activations.head_activation_terms`)
 SHARED_HEAD_TERMS = ("rope_cos_sin", "position_ids", "causal_mask")
@@ -51,6 +56,7 @@ class Estimate:
     layer_terms: dict = field(default_factory=dict)
     head_terms: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)  # phase -> {params, grads, optimizer, activations, total}
+    autocast: str = ""  # "bf16": bf16-mixed, autocast over the fp32 weights `dtype` names
 
     @property
     def recomputed_layers(self) -> list[int]:
@@ -63,8 +69,15 @@ class Estimate:
         return d
 
 
+def gradient_bytes(spec: ModelSpec, autocast: str = "") -> int:
+    """Bytes per gradient element: the parameters' dtype.  Under autocast that is the fp32 master weights',
+    whatever the compute dtype: each bf16 weight gradient goes back through its weight's cast (an fp32
+    copy) before it is accumulated into ``.grad``."""
+    return spec.bytes_per_element
+
+
 def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             grad_accum: int = 1, device: str = "cpu") -> Estimate:
+             grad_accum: int = 1, device: str = "cpu", autocast: str = "") -> Estimate:
     """Memory of one AdamW training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
@@ -82,20 +95,30 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
       ``optimizer`` params + grads + state + AdamW temporaries: two copies of the largest tensor on CPU
       (single-tensor ``exp_avg_sq.sqrt() / bc``), one full copy of the params on CUDA (foreach sqrt).
     With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
+
+    ``autocast="bf16"`` (bf16-mixed, Llama and Qwen2 on a CPU): the forward and loss run under
+    ``torch.autocast`` over fp32 weights.  Params, grads and AdamW state stay fp32; what the layers and the
+    head keep is :func:`.activations.mixed_layer_activation_terms` (bf16 casts of each linear's input and
+    weight beside the fp32 residual stream and norms); the forward's peak also holds the cast cache's
+    weight copies no op saved and the fp32 final-norm output; the head's backward makes the logits',
+    the head input's and its weight's gradients in bf16; the layers' moments are the ``bf16-mixed`` rows
+    of :mod:`.backward`, which include a checkpointed layer re-casting its weights in its recomputation.
     """
     pc = param_count(spec)
     B = spec.bytes_per_element
     N = batch * seq
     h, V = spec.hidden, spec.vocab
     params = pc.total * B + pc.buffers_bytes
-    grads = pc.total * B
+    G = gradient_bytes(spec, autocast)
+    grads = pc.total * G
     # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter.
     optimizer = 2 * pc.total * B + FP32 * pc.n_tensors
     ckpt = checkpointed_layers(spec.layers, every_n_layers)
+    ckpt_set = set(ckpt)  # asked once per layer below: a list would make the walk quadratic in depth
     any_ck = bool(ckpt)
     all_ck = len(ckpt) == spec.layers
-    lt = layer_activation_terms(spec, batch, seq, device)
-    ht = head_activation_terms(spec, batch, seq, any_ck, all_ck, device)
+    lt = layer_activation_terms(spec, batch, seq, device, autocast)
+    ht = head_activation_terms(spec, batch, seq, any_ck, all_ck, device, autocast)
     layer_full = sum(lt.values())
     ckpt_input = B * N * h
     n_ck = len(ckpt)
@@ -119,29 +142,38 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         if name not in phases or acts_now + grads_now > sum(phases[name]):
             phases[name] = (acts_now, grads_now)
 
-    logits_tmp = B * N * V + (FP32 * N * V if B != FP32 else 0) + INT64 * batch * (seq + 1)
+    C = HALF if autocast else B  # the logits' and linears' dtype
+    logits_tmp = C * N * V + (FP32 * N * V if C != FP32 else 0) + INT64 * batch * (seq + 1)
+    if autocast:
+        # the cast cache's weight copies no op saved, alive until autocast ends with the loss; the fp32
+        # final-norm output the model's forward holds (the LM head saved its bf16 cast, not it); at batch
+        # 1 the padded labels are the tensor nll keeps (``labels``), no extra copy
+        logits_tmp += mixed_forward_only_bytes(spec, n_ck) + FP32 * N * h
+        logits_tmp -= INT64 * batch * (seq + 1) if batch == 1 else 0
     put("forward", dev_acts + logits_tmp, g0)
     # the loss's backward: nll and log-softmax hold two fp32 N·V gradients beside everything kept
     put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0)
     # the LM head's backward: the gradient into the final norm's output (B·N·h) and the head's weight
     # gradient (B·h·V, an activation until it is accumulated) replace the fp32 log-softmax gradient; a
     # 16-bit model's logits gradient (B·N·V) is freed with its fp32 copy's
-    put("backward-head", dev_acts + B * N * h + B * h * V - INT64 * N - (FP32 - B) * N * V, g0)
-    # after the head: log-softmax, labels and final norm are gone; lm_head (or the tied embedding) and the
-    # final norm have their grads
-    a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"]
-    head_grad = V * h * B
+    # (in the compute dtype under autocast: the logits' gradient, the head's input and weight gradients
+    # are bf16, cast to fp32 afterwards)
+    put("backward-head", dev_acts + C * N * h + C * h * V - INT64 * N - (FP32 - C) * N * V, g0)
+    # after the head: log-softmax, labels and final norm are gone (and the head's bf16 weight copy under
+    # autocast); lm_head (or the tied embedding) and the final norm have their grads
+    a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"] - ht.get("lm_head_weight", 0)
+    head_grad = V * h * G
     if spec.tie_embeddings:
         # a tied weight's first gradient waits in autograd's input buffer, an activation, until the
         # embedding's backward adds the second one
         a += head_grad
-        g = g0 + (pc.final_norm * B if grad_accum == 1 else 0)
+        g = g0 + (pc.final_norm * G if grad_accum == 1 else 0)
     else:
-        g = g0 + ((V * h + pc.final_norm) * B if grad_accum == 1 else 0)
-    layer_params = pc.per_layer * B
-    moments = {ck: layer_moments(spec, batch, seq, ck) for ck in (False, True)}
+        g = g0 + ((V * h + pc.final_norm) * G if grad_accum == 1 else 0)
+    layer_params = pc.per_layer * G
+    moments = {ck: layer_moments(spec, batch, seq, ck, autocast) for ck in (False, True)}
     for idx in reversed(range(spec.layers)):
-        checkpointed = idx in ckpt
+        checkpointed = idx in ckpt_set
         kept = ckpt_input if checkpointed else layer_full
         start = a
         if checkpointed and moved:
@@ -158,10 +190,10 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # while the gradient flowing in (B·N·h) is alive; a tied weight then adds it to the waiting head
     # gradient, a third V·h tensor, once the gradient flowing in is freed
     a -= sum(ht.get(name, 0) for name in SHARED_HEAD_TERMS)
-    g_emb = g + (pc.position * B if grad_accum == 1 else 0)
-    put("backward-embedding", a + V * h * B + B * N * h, g_emb)
+    g_emb = g + (pc.position * G if grad_accum == 1 else 0)
+    put("backward-embedding", a + V * h * G + B * N * h, g_emb)
     if spec.tie_embeddings:
-        put("backward-embedding", a + 2 * V * h * B, g_emb)
+        put("backward-embedding", a + 2 * V * h * G, g_emb)
     opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
     put("optimizer", opt_tmp, grads)
     parts = {name: {"params": params, "grads": gr, "optimizer": optimizer, "activations": ac,
@@ -175,14 +207,14 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         activations_after_forward_bytes=dev_acts, saved_bytes=saved, mem_after_forward_bytes=after_forward,
         peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
         peak_breakdown={k: v for k, v in parts[peak_phase].items() if k != "total"},
-        host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts,
+        host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts, autocast=autocast,
     )
 
 
 def estimate_case(case: Case) -> Estimate:
     """The estimate for a sweep point."""
     return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                    case.grad_accum, case.device)
+                    case.grad_accum, case.device, case.setup.autocast)
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:

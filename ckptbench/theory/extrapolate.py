@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..configs import error_line
 from ..spec import ModelSpec, Setup, checkpointed_layers
 from .stacks import layer_kinds, pattern
 
@@ -46,6 +47,11 @@ SEQ_FACTORS = (0.5, 1.0, 2.0, 4.0)  # of the asked sequence length, for the fit 
 
 class NotAffine(Exception):
     """The simulated moments do not follow the per-layer model: extrapolating would be a guess."""
+
+
+class SimulationFailed(Exception):
+    """A few-layer simulation raised: its one-argument form crosses a process pool, where the original
+    (a config class's validation error, say) might not unpickle and would break the pool instead."""
 
 
 def patterns(layers: int) -> list[tuple[int, tuple[int, ...]]]:
@@ -226,8 +232,12 @@ def jobs(spec: ModelSpec, batch: int, seq: int, offload: bool, device: str, coun
 def run_job(job: Job, simulate: Callable | None = None) -> Observation:
     if simulate is None:
         from .simulate import simulate
-    r = simulate(job.spec, job.batch, job.seq, job.every_n_layers, job.offload, device=job.device,
-                 count_flops=job.count_flops, trace=True, setup=job.setup)
+    try:
+        r = simulate(job.spec, job.batch, job.seq, job.every_n_layers, job.offload, device=job.device,
+                     count_flops=job.count_flops, trace=True, setup=job.setup)
+    except Exception as exc:
+        raise SimulationFailed(f"simulating {job.spec.label} at {job.spec.layers} layers, batch {job.batch}, "
+                               f"seq {job.seq}: {type(exc).__name__}: {error_line(exc)}") from None
     flops = r.counted_flops
     hardware = flops["forward"] + flops["backward"] + flops["recompute"] if flops else None
     return Observation(job.spec.layers, frozenset(job.chosen), job.batch, job.seq, dict(r.moment_traces),

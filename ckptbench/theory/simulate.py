@@ -54,6 +54,41 @@ def _no_packed_sequence_detection():
         masking_utils.find_packed_sequence_indices = original
 
 
+@contextlib.contextmanager
+def _grouped_mm_as_the_cpu_kernel():
+    """Give torch's grouped matmul on fake tensors the output the CPU kernel a real step runs gives.
+
+    Mixture-of-experts layers (mixtral, qwen3_moe, ...) multiply their experts with it.  Its meta kernel
+    carries the CUDA kernel's checks (bf16 inputs only) and pads the output's rows to 16 bytes on CUDA
+    builds only; the CPU kernel takes fp32 and fp16 as well, returns the inputs' dtype and always pads.
+    """
+    from torch import _meta_registrations as meta
+
+    original = getattr(meta, "_meta_grouped_mm_common", None)
+    if original is None or not hasattr(meta, "_create_grouped_mm_output_tensor"):
+        yield
+        return
+
+    def common(mat_a, mat_b, scale_a, scale_b, offs=None, bias=None, scale_result=None, out_dtype=None,
+               use_fast_accum=False):
+        if scale_a is not None or scale_b is not None:  # the scaled fp8 form: as torch says
+            return original(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+        torch._check(mat_a.dtype == mat_b.dtype,
+                     lambda: f"grouped_mm of {mat_a.dtype} and {mat_b.dtype}: the CPU kernel needs one dtype")
+        shape = meta._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype).shape
+        dtype = out_dtype or mat_a.dtype
+        align = 16 // dtype.itemsize
+        row = -(-shape[-1] // align) * align
+        stride = (shape[1] * row, row, 1) if len(shape) == 3 else (row, 1)
+        return torch.empty_strided(shape, stride, dtype=dtype, device=mat_a.device)
+
+    meta._meta_grouped_mm_common = common
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = original
+
+
 class _NoCount(contextlib.nullcontext):
     """Stands where the FLOP counter would, when FLOPs are not asked for: takes a phase, counts nothing."""
 
@@ -156,7 +191,8 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     handles += [layers[i].register_forward_pre_hook(keep_input(i), with_kwargs=True) for i in ckpt_idx]
     handles += [layers[i].register_forward_hook(leave_device(i), with_kwargs=True) for i in ckpt_idx]
 
-    with FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection():
+    with (FakeTensorMode(allow_non_fake_inputs=True), _no_packed_sequence_detection(),
+          _grouped_mm_as_the_cpu_kernel()):
         model.to_empty(device="cpu")
         # to_empty gives each module's parameter its own storage, which unties a tied LM head from the
         # embedding (two V·h tensors where the real model has one): tie them again as transformers does

@@ -61,3 +61,21 @@ def test_sdpa_that_fell_back_to_separate_matmuls_fails():
     eager = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
     assert attention_kernel_check(eager, {"attention_kernels": []}).verdict == "pass"
     assert attention_kernel_check(eager, {}).verdict == "skip"
+
+
+def test_the_attention_implementation_is_judged_by_the_kernels_that_ran():
+    """The built config's attention is what the builder was told: only the kernels are independent."""
+    from ckptbench.theory.checks import attention_implementation_check
+
+    fused = ["_scaled_dot_product_flash_attention_for_cpu"]
+    sdpa = Case(model=preset("gemma2-2b", attn="sdpa", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
+    eager = Case(model=preset("gemma2-2b", attn="eager", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
+    # the config echoes the request, the kernels contradict it
+    assert attention_implementation_check(sdpa, {"attn_implementation": "sdpa", "attention_kernels": []}).verdict == "fail"
+    bad = attention_implementation_check(eager, {"attn_implementation": "eager", "attention_kernels": fused})
+    assert bad.verdict == "fail" and bad.measured == "sdpa"
+    assert attention_implementation_check(sdpa, {"attn_implementation": "sdpa", "attention_kernels": fused}).verdict == "pass"
+    assert attention_implementation_check(eager, {"attn_implementation": "eager", "attention_kernels": []}).verdict == "pass"
+    # a config that says otherwise fails too; with no kernels recorded there is nothing independent: skip
+    assert attention_implementation_check(sdpa, {"attn_implementation": "eager", "attention_kernels": fused}).verdict == "fail"
+    assert attention_implementation_check(sdpa, {"attn_implementation": "sdpa"}).verdict == "skip"

@@ -191,6 +191,17 @@ def test_bad_inputs_are_usage_errors(tmp_path, name, content, message):
         load_side(str(path))
 
 
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_runs_with_no_point_in_common_exit_2_in_one_line(tmp_path, capsys, flags):
+    old = write_run(tmp_path / "old", [synthetic_record("a"), synthetic_record("b")])
+    new = write_run(tmp_path / "new", [synthetic_record("c")])
+    assert main(["compare", old, new, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: {old} and {new} have no point in common (2 only in old, 1 only in new): nothing was compared; "
+        "Case ids hash every setting (model, steps, seed, ...), so runs of different suites share no points\n")
+
+
 def test_bad_input_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nope"), str(tmp_path)]) == 2
     err = capsys.readouterr().err

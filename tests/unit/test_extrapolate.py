@@ -21,6 +21,7 @@ from ckptbench.theory.extrapolate import (
     NotAffine,
     Observation,
     Simulated,
+    SimulationFailed,
     extrapolation,
     fit,
     seq_points,
@@ -142,6 +143,26 @@ def test_a_depth_no_fitted_step_determines_is_refused_not_guessed():
     assert three_only.moments(3, (0, 2), 5, SEQ)["optimizer"] == model(3, (0, 2), 5)  # inside: answered
     with pytest.raises(NotAffine, match="do not determine"):  # one depth cannot say how depth matters
         three_only.moments(7, (0, 2, 4, 6), 5, SEQ)
+
+
+class StrictConfigError(Exception):
+    """Like a config class's validation error: its __init__ takes fields, so it cannot be unpickled."""
+
+    def __init__(self, field: str, value):
+        super().__init__(f"{field}: {value!r} is not allowed")
+
+
+def refusing_simulate(*args, **kwargs):
+    raise StrictConfigError("num_key_value_heads", 3)
+
+
+def test_a_failing_simulation_in_a_pool_worker_comes_back_with_its_reason():
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
+        with pytest.raises(SimulationFailed) as err:
+            extrapolation(preset("llama-tiny"), 64, "cpu", offloads=(False,), simulate=refusing_simulate,
+                          mapper=pool.map)
+    assert "StrictConfigError: num_key_value_heads: 3 is not allowed" in str(err.value)
+    assert "llama-tiny" in str(err.value)
 
 
 # Stacks of unlike layers, each type's own default pattern (transformers' config classes derive it from the

@@ -277,3 +277,13 @@ def test_config_differences_ignore_what_the_builder_sets_and_names_nested_keys()
     assert config_differences(requested, built) == ["rope_parameters.rope_theta"]
     assert config_checks({"n_params": 5, "reference_error": "ValueError: no"})[0].verdict == "fail"
     assert {c.verdict for c in config_checks({"n_params": 5})} == {"skip"}  # a record from before the check
+
+
+@pytest.mark.parametrize("value", [64.9, 64.0, "64", True, float("nan")])
+def test_a_size_that_is_not_a_whole_number_is_refused_not_truncated(tmp_path, value):
+    config = {"model_type": "gpt2", "n_embd": value, "n_layer": 2, "n_head": 4, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "s.toml").write_text('[model]\nconfig = "config.json"\n[sweep]\nbatch_size = [1]\nseq_len = [8]\n')
+    with pytest.raises(SuiteError) as err:
+        suite_mod.load_suite(str(tmp_path / "s.toml"))
+    assert str(err.value) == f"{tmp_path / 's.toml'}: model.config: n_embd must be a whole number, got {value!r}"

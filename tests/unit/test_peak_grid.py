@@ -95,8 +95,8 @@ def _scale_values(fn, key=None):
 def _scale_moments(part: str):
     original = est_mod.layer_moments
 
-    def scaled(spec, batch, seq, checkpointed):
-        grad_in, moments = original(spec, batch, seq, checkpointed)
+    def scaled(spec, batch, seq, checkpointed, autocast=""):
+        grad_in, moments = original(spec, batch, seq, checkpointed, autocast)
         if part == "grad_in":
             return int(grad_in * 1.1), moments
         if part == "activations":

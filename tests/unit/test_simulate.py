@@ -57,3 +57,39 @@ def test_llama_8b_shape_full_checkpointing_bf16():
     assert sim.checkpointed_input_bytes == 32 * 2048 * 4096 * 2
     assert sim.mem_after_forward_bytes == e.mem_after_forward_bytes
     assert sim.peak_breakdown["grads"] == e.grads_bytes  # the peak is the optimizer step
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("width", [64, 6])  # 6: rows padded to 16 bytes (its backward the real kernel refuses)
+def test_grouped_matmul_on_fake_tensors_gives_what_the_cpu_kernel_gives(dtype, width):
+    """Mixture-of-experts layers multiply their experts with grouped_mm; fp32 ones were not simulated."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ckptbench.theory.simulate import _grouped_mm_as_the_cpu_kernel
+
+    dt = getattr(torch, dtype)
+
+    def run():
+        a = torch.randn(12, 16, dtype=dt, requires_grad=True)
+        b = torch.randn(3, width, 16, dtype=dt).transpose(-2, -1).requires_grad_()
+        out = torch.nn.functional.grouped_mm(a, b, offs=torch.tensor([4, 8, 12], dtype=torch.int32))
+        if width % 16 == 0:
+            out.backward(torch.ones_like(out))
+        return [(t.shape, t.stride(), t.dtype, t.untyped_storage().nbytes())
+                for t in (out, a.grad, b.grad) if t is not None]
+
+    real = run()
+    with FakeTensorMode(), _grouped_mm_as_the_cpu_kernel():
+        fake = run()
+    assert fake == real
+
+
+def test_an_fp32_mixture_of_experts_step_is_simulated():
+    from ckptbench.spec import ModelSpec, canonical_config
+
+    experts = canonical_config({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
+    spec = ModelSpec(family="qwen3_moe", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=128,
+                     max_positions=64, dtype="fp32", config=experts)
+    sim = simulate(spec, 2, 16, 1)  # its grouped matmul had a bf16-only fake kernel; to the byte: test_any_model
+    assert sim.recomputed_layers == [0, 1] and sim.peak_bytes > sim.params_bytes + sim.optimizer_bytes > 0

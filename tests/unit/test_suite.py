@@ -264,3 +264,39 @@ def test_list_prints_every_case_with_its_id(write_suite):
                           capture_output=True, text=True, timeout=60)
     ids = {c.id for c in load_suite(path).cases}
     assert proc.returncode == 0 and {line.split()[0] for line in proc.stdout.splitlines()[:-3]} == ids
+
+
+def _wide_suite(n: int, extra: str = "") -> str:
+    return (f'[model]\npreset = "llama-tiny"\nattn = "eager"\n{extra}[sweep]\n'
+            f"batch_size = {list(range(1, n + 1))}\nseed = {list(range(n))}\nseq_len = [8]\n")
+
+
+def test_a_suite_too_large_to_hold_is_refused_before_a_case_is_built(monkeypatch):
+    def no_case(**kw):
+        raise AssertionError("a Case was built")
+
+    monkeypatch.setattr(suite_mod, "Case", no_case)
+    with pytest.raises(SuiteError) as err:
+        parse_suite(_wide_suite(10_000), "wide.toml")  # 10^8 points: 60 GB of Cases
+    assert str(err.value).startswith("wide.toml: sweep.") and "cross to 100,000,000 points" in str(err.value)
+
+
+def test_duplicate_values_are_found_in_one_pass():
+    class Counted(int):  # an int whose comparisons are counted
+        eq = 0
+
+        def __eq__(self, other):
+            Counted.eq += 1
+            return int.__eq__(self, other)
+
+        __hash__ = int.__hash__
+
+    values = [Counted(i) for i in range(1, 3001)] + [Counted(3000)]
+    with pytest.raises(SuiteError, match="sweep.batch_size: duplicate value 3000"):
+        suite_mod._Checker("s.toml").axis({"batch_size": values}, "batch_size")
+    assert Counted.eq <= 2 * len(values)  # list.count per value made 9 million
+
+
+def test_an_absurd_depth_is_refused_in_one_line():
+    with pytest.raises(SuiteError, match=r"model.layers: 100,000 layers is more than 10,000"):
+        parse_suite(_wide_suite(1, "layers = 100000\n"), "deep.toml")

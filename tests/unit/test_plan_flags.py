@@ -1,0 +1,42 @@
+"""`ckptbench plan` refuses every bad flag in one line, exit 2, before it plans anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptbench.cli import main
+
+BASE = ["plan", "--model", "llama-8b", "--device", "h100", "--seq", "8192", "--dtype", "bf16", "--attn", "sdpa"]
+
+
+@pytest.mark.parametrize("flags,reason", [
+    (["--world", "-2"], "argument --world: must be >= 1, got '-2'"),
+    (["--local-sgd-steps", "-1"], "argument --local-sgd-steps: must be >= 0, got '-1'"),
+])
+def test_negative_counts_are_argument_errors(flags, reason, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*BASE, *flags])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(reason)
+
+
+@pytest.mark.parametrize("flags,reason", [
+    (["--memory", "0GiB"], "error: --memory: must be a finite size of at least one byte, got '0GiB'"),
+    (["--memory", "1e999GiB"], "error: --memory: must be a finite size of at least one byte, got '1e999GiB'"),
+    (["--calibration", "{tmp}/missing.json"], "error: --calibration {tmp}/missing.json: cannot read: No such file or directory"),
+    (["--calibration", "{tmp}/notes.txt"], "error: --calibration {tmp}/notes.txt: not JSON: Expecting value: line 1 column 1 (char 0)"),
+    (["--calibration", "{tmp}/list.json"], "error: --calibration {tmp}/list.json: not a calibration (a JSON object), got list"),
+    (["--html", "{tmp}/no/such/dir/plan.html"], "error: --html {tmp}/no/such/dir/plan.html: no directory {tmp}/no/such/dir"),
+    (["--html", "{tmp}"], "error: --html {tmp}: is a directory"),
+    (["--model", 'org/name"\n[sweep]'], "is not a valid repository name"),
+    (["--model", "org/bad name"], "is not a valid repository name"),
+])
+def test_bad_values_are_one_line_exit_2(flags, reason, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("measured: fast\n")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    argv = [*BASE, *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
+    if flags[0] == "--model":
+        argv[2] = flags[1]
+        argv = argv[:-2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and reason.replace("{tmp}", str(tmp_path)) in err, err
