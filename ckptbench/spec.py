@@ -8,6 +8,7 @@ stay importable (and fast) without it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -283,6 +284,11 @@ class DataSpec:
     eval_batches: int = 4  # text sources: held-out batches per evaluation, shared out over the ranks
 
 
+@functools.cache
+def _field_names(cls) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
 @dataclass(frozen=True)
 class Case:
     """One sweep point.  Its id is a hash of every field, so a changed setting is a new point."""
@@ -354,7 +360,7 @@ class Case:
 
     @classmethod
     def from_dict(cls, data: dict) -> Case:
-        known = {f.name for f in fields(cls)}
+        known = _field_names(cls)
         values = {k: v for k, v in data.items() if k in known}
         values["model"] = ModelSpec(**data["model"])
         values["train"] = TrainSpec(**data["train"])

@@ -9,11 +9,14 @@ import sys
 from ..errors import UsageError
 
 
-def render(run_dir: str, out_path: str, console, baseline: str | None = None) -> int:
+def render(run_dir: str, out_path: str, console, baseline: str | None = None, loaded=None) -> int:
+    from ..report.checks import csv_path
     from ..report.render import render_report
 
-    path = render_report(run_dir, out_path, baseline_dir=baseline)
+    path = render_report(run_dir, out_path, baseline_dir=baseline, loaded=loaded)
     console.print(f"report: {path}")
+    if os.path.exists(csv_path(path)):
+        console.print(f"estimate checks (CSV): {csv_path(path)}")
     return 0
 
 
@@ -44,7 +47,7 @@ def cmd_report(args) -> int:
     console = Console(stderr=True)
     for note in loaded.notes():
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
-    return render(args.run, out, console, args.baseline)
+    return render(args.run, out, console, args.baseline, loaded)
 
 
 def _percent(text: str) -> float:

@@ -56,17 +56,48 @@ def _name(point) -> str:
     return point.key if not point.label or point.label in point.key else f"{point.key} {point.label}"
 
 
-def comparison_table(comparison: Comparison, old_name: str, new_name: str):
+TABLE_POINTS = 100  # beyond this many compared points the table lists only the points that moved
+
+
+def notable(point: PointComparison) -> bool:
+    """Whether a point has something to say: a status change, a verdict either way, or a noisy time."""
+    return (point.old_status != point.new_status or point.old_status != "ok" or point.noisy
+            or any(d.regressed or d.improved for d in point.deltas))
+
+
+def _priority(point: PointComparison) -> int:
+    if point.regressed:
+        return 0
+    if point.old_status != point.new_status or point.old_status != "ok":
+        return 1
+    return 2 if point.noisy else 3
+
+
+def shown_points(comparison: Comparison, limit: int = TABLE_POINTS) -> list[PointComparison]:
+    """The points the table draws: all of them up to `limit`; past it the :func:`notable` ones, at most
+    `limit`, regressions first, then status changes, noisy points and improvements (a table of 20,000
+    rows is unreadable and takes minutes to lay out; the lines after it name every regression and
+    ``--json`` holds every point)."""
+    if len(comparison.points) <= limit:
+        return comparison.points
+    return sorted((p for p in comparison.points if notable(p)), key=_priority)[:limit]
+
+
+def comparison_table(comparison: Comparison, old_name: str, new_name: str, limit: int = TABLE_POINTS):
     from rich.markup import escape
     from rich.table import Table
 
     t = comparison.thresholds
+    points = shown_points(comparison, limit)
+    hidden = len(comparison.points) - len(points)
     table = Table(title=f"ckptbench compare ({comparison.kind}): {escape(old_name)} -> {escape(new_name)}  "
-                        f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]")
+                        f"[fail: memory > {t.memory:.1%}, time > {t.time:.1%}]",
+                  caption=f"{len(points)} of {len(comparison.points)} points drawn, regressions first; the lines "
+                          "below name every regression, --json lists every point" if hidden else None)
     for col in ("point", "quantity", "old", "new", "change", "verdict"):
         table.add_column(col, justify="right" if col in ("old", "new", "change") else "left",
                          overflow="fold")
-    for point in comparison.points:
+    for point in points:
         # Benchmark names carry [params]: escaped, or rich would read them as markup and drop them.
         name = escape(point.label) if point.label in ("", point.key) else \
             f"{escape(point.label)}\n[dim]{escape(point.key)}[/dim]"

@@ -24,6 +24,7 @@ from .tables import pareto_mask  # noqa: E402
 
 MIB = 2**20
 MAX_PANELS = 6
+DENSE = 200  # from this many markers in one axes on, they are drawn as one embedded image, not as paths
 STYLE = {"svg.fonttype": "path", "svg.hashsalt": "ckptbench", "font.size": 9, "axes.grid": True,
          "grid.alpha": 0.3, "figure.dpi": 100}
 
@@ -36,11 +37,18 @@ class Figure:
     caption: str = ""
 
 
+def _dense(ax, n: int) -> None:
+    """Past DENSE markers, rasterize what lies below the front's circles (zorder < 3.5) into an image
+    inside the SVG: 20,000 points as paths are megabytes and seconds; as pixels, tens of kilobytes."""
+    if n >= DENSE:
+        ax.set_rasterization_zorder(3.5)
+
+
 def _encode(fig) -> str:
     """Lay the figure out, close it, and return it as an inline SVG data URI (no file, no network)."""
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None}, dpi=120)
     plt.close(fig)
     return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -94,6 +102,9 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
     if ok[axis].nunique() < 2:
         return None
     ok["series"] = _series(ok)
+    # points of one series at one (batch, seq) (seeds, repeats of a setting) are drawn as their median
+    values = ["after_fwd", "est_after_fwd", "peak", "est_peak"]
+    ok = ok.groupby(["series", "variant", "strategy", axis, other], as_index=False, sort=False)[values].median()
     names = _series_names(ok)
     colors = _colors(names)
     panels = sorted(ok[other].unique())[:MAX_PANELS]
@@ -127,7 +138,7 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
     title = "Memory vs sequence length" if axis == "seq" else "Memory vs batch size"
     dashed = " Dashed: analytic estimate." if ok["est_peak"].notna().any() else ""
     return Figure(title, uri, f"{title}, one line per checkpointing strategy",
-                  f"Solid: measured (live tensor bytes).{dashed}")
+                  f"Solid: measured (live tensor bytes), the median where several points share a setting.{dashed}")
 
 
 def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
@@ -174,6 +185,7 @@ def pareto(t: pd.DataFrame) -> Figure | None:
     front = ok[pareto_mask(ok["peak"], ok["tok_s"], maximize_y=True)].sort_values("peak")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        _dense(ax, len(ok))
         _scatter_front(ax, ok, names, colors, front, "tok_s", 1.0)
         ax.set_xlabel("peak memory (MiB)")
         ax.set_ylabel("tokens/s")
@@ -219,6 +231,7 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
             sub = ok[(ok["batch"] == b) & (ok["seq"] == sq)]
             front = sub[pareto_mask(sub["peak"], sub["step_s"])].sort_values("peak")
             on_front += len(front)
+            _dense(ax, len(sub))
             _scatter_front(ax, sub, [n for n in names if n in set(sub["series"])], colors, front, "step_s", 1e3)
             ax.set_title(f"batch {b:.0f}, seq {sq:.0f}")
             ax.set_xlabel("peak memory (MiB)")
@@ -293,8 +306,12 @@ def estimate_vs_measured(rows: list[dict], title: str = "Measured vs estimate",
     colors = _colors(quantities)
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        _dense(ax, len(pts))
+        by: dict[str, list[dict]] = {q: [] for q in quantities}
+        for r in pts:
+            by[str(r["quantity"])].append(r)
         for q in quantities:
-            qs = [r for r in pts if str(r["quantity"]) == q]
+            qs = by[q]
             ax.scatter([r["estimated"] / MIB for r in qs], [r["measured"] / MIB for r in qs], color=colors[q],
                        label=q, s=24)
         lo = min(min(r["estimated"], r["measured"]) for r in pts) / MIB

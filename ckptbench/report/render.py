@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ..store.files import write_text_atomic
+from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records, to_frame
 from ..theory.simulated import beside_measurements, load_simulated
-from . import figures, localsgd_quality, network_section, plan_section, tables
+from . import checks, figures, localsgd_quality, network_section, plan_section, tables
 from .columns import has, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -54,6 +54,7 @@ class Context:
     problems: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
     present: dict = field(default_factory=dict)
+    tidy: object = None  # the tidy records frame the sections were built from (the CSV is written from it)
 
 
 def read_suite(run_dir: str) -> SuiteInfo:
@@ -85,16 +86,18 @@ def _guard(ctx: Context, name: str, fn, default=None):
         return default
 
 
-def _load(path: str):
-    loaded = load_records(path)
+def _load(path: str, loaded=None):
+    loaded = loaded if loaded is not None else load_records(path)
     frame = to_frame(loaded.records)
     t = tidy(frame) if len(frame) else None
     return loaded, frame, t
 
 
-def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
+def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) -> Context:
+    """Everything the page shows; `loaded` when the caller read the records already (the CLI does)."""
     ctx = Context(title=os.path.basename(os.path.normpath(run_dir)) or run_dir, run_dir=run_dir)
-    loaded, frame, t = _load(run_dir)
+    loaded, frame, t = _load(run_dir, loaded)
+    ctx.tidy = t
     ctx.problems.extend(loaded.notes())
     suite = _guard(ctx, "suite file", lambda: read_suite(run_dir), SuiteInfo(note="suite file unreadable"))
     d = ctx.data
@@ -124,14 +127,16 @@ def build_context(run_dir: str, baseline_dir: str | None = None) -> Context:
     d["memory_figs"] = _guard(ctx, "memory", lambda: figures.checkpointing_figures(single), [])
     d["pareto_figs"] = [f for f in (_guard(ctx, "pareto", lambda fn=fn: fn(single)) for fn in
                                     (figures.pareto, figures.step_time_pareto)) if f is not None]
-    d["checks"] = _guard(ctx, "checks", lambda: tables.check_rows(t), [])
-    d["check_summary"] = tables.check_summary(d["checks"])
+    table = _guard(ctx, "checks", lambda: checks.check_table(t), checks.CheckTable())
+    d["checks"], d["check_summary"] = table.rows, table.summary
+    d["checks_total"], d["checks_failing"], d["checks_all_listed"] = table.total, table.failing, table.all_listed
+    d["checks_csv"] = None
     d["record_verdicts"] = tables.record_verdicts(frame)
     d["simulated"] = _guard(ctx, "simulated", lambda: beside_measurements(loaded.records, load_simulated(run_dir)), [])
     d["simulated_fig"] = _guard(ctx, "simulated", lambda: figures.estimate_vs_measured(
         [{"quantity": "peak_bytes (simulated)", "measured": r["measured"], "estimated": r["simulated"]}
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))
-    d["check_fig"] = _guard(ctx, "checks", lambda: figures.estimate_vs_measured(d["checks"]))
+    d["check_fig"] = _guard(ctx, "checks", lambda: figures.estimate_vs_measured(table.points))
     d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
@@ -188,15 +193,22 @@ def render_html(ctx: Context) -> str:
     return environment().get_template("report.html").render(ctx=ctx, d=ctx.data, sections=SECTIONS)
 
 
-def render_report(run_dir: str, out_path: str, baseline_dir: str | None = None) -> str:
-    """Write the HTML report of `run_dir` to `out_path` (directories created) and return the path."""
-    ctx = build_context(run_dir, baseline_dir)
+def render_report(run_dir: str, out_path: str, baseline_dir: str | None = None, loaded=None) -> str:
+    """Write the HTML report of `run_dir` to `out_path` (directories created) and return the path; every
+    estimate check goes beside it as ``<report>.checks.csv`` (:func:`~.checks.csv_path`)."""
+    ctx = build_context(run_dir, baseline_dir, loaded)
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(out_dir, exist_ok=True)
+    path = checks.csv_path(out_path)
+    if ctx.data.get("checks_total"):
+        if _guard(ctx, "checks CSV", lambda: checks.write_checks_csv(ctx.tidy, path)) is not None:
+            ctx.data["checks_csv"] = os.path.basename(path)
+    else:
+        remove_quietly(path)  # an earlier render's checks are not this run's
     try:
         html = render_html(ctx)
     except Exception as exc:  # noqa: BLE001 - a template bug must still leave a readable file behind
         html = render_fallback(ctx, exc)
-    out_dir = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(out_dir, exist_ok=True)
     write_text_atomic(out_path, html)
     return out_path
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
-from ..store.stats import ratio_ci
-from .columns import CHECK_FIELDS, env_columns, strategies, strategy_order
+from ..store.stats import ratio_cis
+from .columns import env_columns, strategies
 
 GIB = 2**30
 
@@ -52,15 +53,14 @@ def status_counts(t: pd.DataFrame) -> list[tuple[str, int]]:
 
 
 def pareto_mask(x: pd.Series, y: pd.Series, maximize_y: bool = False) -> pd.Series:
-    """True for points no other point beats on both x (lower is better) and y."""
-    yy = -y if maximize_y else y
-    order = sorted(range(len(x)), key=lambda i: (x.iloc[i], yy.iloc[i]))
-    best = math.inf
-    mask = [False] * len(x)
-    for i in order:
-        if yy.iloc[i] < best:
-            mask[i] = True
-            best = yy.iloc[i]
+    """True for points no other point beats on both x (lower is better) and y (one sort, no loop)."""
+    xv = x.to_numpy(dtype=float)
+    yv = -y.to_numpy(dtype=float) if maximize_y else y.to_numpy(dtype=float)
+    order = np.lexsort((yv, xv))  # by x, then y; stable
+    ys = yv[order]
+    best_before = np.concatenate(([np.inf], np.fmin.accumulate(ys)[:-1])) if len(ys) else ys
+    mask = np.zeros(len(xv), dtype=bool)
+    mask[order] = ys < best_before
     return pd.Series(mask, index=x.index)
 
 
@@ -109,28 +109,21 @@ def savings(t: pd.DataFrame) -> list[dict]:
     """
     ok = t[t["ok"]]
     key = ["variant", "batch", "seq"]
-    base = ok[ok["strategy"] == "none"].drop_duplicates(subset=key).set_index(key)
+    cols = key + ["peak", "after_fwd", "step_s", "tok_s", "step_times"]
+    base = ok[ok["strategy"] == "none"].drop_duplicates(subset=key)[cols]
     rows = []
     for strat in strategies(ok):
         if strat == "none":
             continue
-        peak, fwd, time_x, tok_x, time_ci = [], [], [], [], []
-        for _, r in ok[ok["strategy"] == strat].iterrows():
-            k = (r["variant"], r["batch"], r["seq"])
-            if k not in base.index:
-                continue
-            b = base.loc[k]
-            if b["peak"] > 0 and not math.isnan(r["peak"]):
-                peak.append((1 - r["peak"] / b["peak"]) * 100)
-            if b["after_fwd"] > 0 and not math.isnan(r["after_fwd"]):
-                fwd.append((1 - r["after_fwd"] / b["after_fwd"]) * 100)
-            if b["step_s"] > 0 and not math.isnan(r["step_s"]):
-                time_x.append(r["step_s"] / b["step_s"])
-                ci = ratio_ci(r["step_times"] or [], b["step_times"] or [])
-                if ci:
-                    time_ci.append(ci)
-            if b["tok_s"] > 0 and not math.isnan(r["tok_s"]):
-                tok_x.append(r["tok_s"] / b["tok_s"])
+        m = ok.loc[ok["strategy"] == strat, cols].merge(base, on=key, how="inner", suffixes=("", "_b"))
+        peak = _saving(m, "peak")
+        fwd = _saving(m, "after_fwd")
+        timed = m[(m["step_s_b"] > 0) & m["step_s"].notna()]
+        time_x = list(timed["step_s"] / timed["step_s_b"])
+        time_ci = [ci for ci in ratio_cis([(_list(a), _list(b)) for a, b in zip(timed["step_times"],
+                                                                               timed["step_times_b"])]) if ci]
+        tok = m[(m["tok_s_b"] > 0) & m["tok_s"].notna()]
+        tok_x = list(tok["tok_s"] / tok["tok_s_b"])
         if not (peak or fwd or time_x):
             continue
         rows.append({"strategy": strat, "points": max(len(peak), len(fwd), len(time_x)),
@@ -144,37 +137,14 @@ def savings(t: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def check_rows(t: pd.DataFrame) -> list[dict]:
-    """One row per (record, checked quantity), failures first, then skips, then passes."""
-    rows = []
-    for _, r in t.iterrows():
-        for check in r["checks"] or []:
-            if not isinstance(check, dict):
-                continue
-            row = {f: check.get(f) for f in CHECK_FIELDS}
-            row.update(setting=setting(r), strategy=r["strategy"], case_id=r["case_id"])
-            rows.append(row)
-    order = {"fail": 0, "skip": 1, "pass": 2}
-    rows.sort(key=lambda c: (order.get(str(c["verdict"]), 3), str(c["quantity"]), strategy_order(c["strategy"])))
-    return rows
+def _saving(m: pd.DataFrame, col: str) -> list[float]:
+    """1 − strategy/none in percent for the matched rows where both are known."""
+    both = m[(m[f"{col}_b"] > 0) & m[col].notna()]
+    return list((1 - both[col] / both[f"{col}_b"]) * 100)
 
 
-def check_summary(rows: list[dict]) -> list[dict]:
-    """One row per checked quantity: verdict counts and the spread of measured/estimated ratios."""
-    by: dict[str, dict] = {}
-    for c in rows:
-        q = by.setdefault(str(c["quantity"]), {"quantity": str(c["quantity"]), "pass": 0, "fail": 0, "skip": 0,
-                                               "ratios": [], "tolerance": c.get("tolerance")})
-        verdict = str(c["verdict"])
-        q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
-        if isinstance(c.get("ratio"), (int, float)) and not math.isnan(c["ratio"]):
-            q["ratios"].append(float(c["ratio"]))
-    out = []
-    for q in sorted(by.values(), key=lambda q: (-q["fail"], q["quantity"])):
-        ratios = q.pop("ratios")
-        q["ratio_range"] = f"{min(ratios):.3f} … {max(ratios):.3f}" if ratios else "–"
-        out.append(q)
-    return out
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def record_verdicts(frame: pd.DataFrame) -> list[tuple[str, int]]:
@@ -188,7 +158,7 @@ def record_verdicts(frame: pd.DataFrame) -> list[tuple[str, int]]:
 def failure_rows(t: pd.DataFrame) -> list[dict]:
     bad = t[~t["ok"]]
     rows = [{"setting": setting(r), "status": r["status"] or "?", "reason": r["reason"],
-             "stderr_tail": r["stderr_tail"], "case_id": r["case_id"]} for _, r in bad.iterrows()]
+             "stderr_tail": r["stderr_tail"], "case_id": r["case_id"]} for r in bad.to_dict("records")]
     return sorted(rows, key=lambda r: (r["status"], r["setting"]))
 
 
@@ -224,24 +194,37 @@ DELTA_QUANTITIES = (("peak", "peak memory", fmt_bytes), ("after_fwd", "after for
                     ("step_s", "step time (s)", fmt_num), ("tok_s", "tokens/s", lambda v: "–" if math.isnan(v) else f"{v:.0f}"))
 
 
-def deltas(t: pd.DataFrame, base: pd.DataFrame) -> dict:
-    """This run against a baseline run, matched by case id: one row per matched point and quantity."""
-    cur = t.drop_duplicates("case_id", keep="last").set_index("case_id")
-    old = base.drop_duplicates("case_id", keep="last").set_index("case_id")
-    common = [c for c in cur.index if c in old.index]
-    rows = []
-    for cid in common:
-        a, b = old.loc[cid], cur.loc[cid]
-        if a["status"] != "ok" or b["status"] != "ok":
-            rows.append({"setting": setting(b), "quantity": "status", "baseline": a["status"],
-                         "current": b["status"], "delta": "–" if a["status"] == b["status"] else "changed"})
+DELTA_ROWS = 400  # past this many compared quantities the page lists the largest changes only
+
+
+def deltas(t: pd.DataFrame, base: pd.DataFrame, limit: int = DELTA_ROWS) -> dict:
+    """This run against a baseline run, matched by case id: one row per matched point and quantity
+    (status changes first, then the largest changes, when there are more than `limit`)."""
+    cur = t.drop_duplicates("case_id", keep="last")
+    old = base.drop_duplicates("case_id", keep="last")
+    cols = ["case_id", "status"] + [col for col, _, _ in DELTA_QUANTITIES]
+    m = cur[cols + ["variant", "strategy", "batch", "seq"]].merge(old[cols], on="case_id", how="inner",
+                                                                 suffixes=("", "_b"))
+    rows, sizes = [], []
+    names = [setting(r) for r in m[["variant", "strategy", "batch", "seq"]].to_dict("records")]
+    for i, r in enumerate(m.to_dict("records")):
+        if r["status_b"] != "ok" or r["status"] != "ok":
+            rows.append({"setting": names[i], "quantity": "status", "baseline": r["status_b"],
+                         "current": r["status"], "delta": "–" if r["status_b"] == r["status"] else "changed"})
+            sizes.append(math.inf if r["status_b"] != r["status"] else 0.0)
             continue
         for col, name, fmt in DELTA_QUANTITIES:
-            if math.isnan(a[col]) and math.isnan(b[col]):
+            a, b = r[f"{col}_b"], r[col]
+            if math.isnan(a) and math.isnan(b):
                 continue
-            pct = (b[col] / a[col] - 1) * 100 if a[col] else float("nan")
-            rows.append({"setting": setting(b), "quantity": name, "baseline": fmt(a[col]),
-                         "current": fmt(b[col]), "delta": fmt_pct(pct)})
-    return {"rows": rows, "matched": len(common), "only_current": len(set(cur.index) - set(old.index)),
-            "only_baseline": len(set(old.index) - set(cur.index))}
-
+            pct = (b / a - 1) * 100 if a else float("nan")
+            rows.append({"setting": names[i], "quantity": name, "baseline": fmt(a), "current": fmt(b),
+                         "delta": fmt_pct(pct)})
+            sizes.append(0.0 if math.isnan(pct) else abs(pct))
+    total = len(rows)
+    if total > limit:
+        largest = sorted(range(total), key=lambda k: -sizes[k])[:limit]
+        rows = [rows[k] for k in sorted(largest)]
+    cur_ids, old_ids = set(cur["case_id"]), set(old["case_id"])
+    return {"rows": rows, "total_rows": total, "matched": len(m), "only_current": len(cur_ids - old_ids),
+            "only_baseline": len(old_ids - cur_ids)}

@@ -57,7 +57,7 @@ from .points import (
     points_from_records,
     record_label,
 )
-from .stats import ALPHA, faster_p_value, median_ci, slower_p_value
+from .stats import ALPHA, median_cis, p_values
 
 __all__ = ["BENCHMARK", "QUANTITIES", "QUANTITY_BY_KEY", "SWEEP", "Comparison", "Delta", "Point", "PointComparison",
            "Quantity", "Thresholds", "compare_paths", "compare_points", "compare_runs", "format_change", "load_side",
@@ -204,7 +204,20 @@ def common_shift(pairs: list[tuple[Point, Point]]) -> float | None:
     return median - 1
 
 
-def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float = 0.0) -> Delta:
+@dataclass
+class _Pending:
+    """A time delta waiting for its rank test: every test of a comparison runs in one batch."""
+
+    delta: Delta
+    gates: bool
+    limit: float
+    worse: float
+    old: list
+    new: list
+
+
+def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float, cis: dict,
+           pending: list[_Pending]) -> Delta:
     old, new = o.values.get(q.key), n.values.get(q.key)
     if old is None or new is None:
         return Delta(q.key, q.label, old, new, None)
@@ -216,65 +229,77 @@ def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float
     limit = thresholds.for_kind(q.kind)
     if q.kind != "time":
         return Delta(q.key, q.label, old, new, change, regressed=q.gates and worse > limit, improved=-worse > limit)
-    return _time_delta(q, o, n, change, limit, shift)
+    return _time_delta(q, o, n, change, limit, shift, cis, pending)
 
 
-def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, shift: float) -> Delta:
+def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, shift: float, cis: dict,
+                pending: list[_Pending]) -> Delta:
     """A time change counts only when it is beyond the threshold *and* significant: the step times of the
     two runs, ranked together, say the new ones are slower (faster) with p < ALPHA.  Both are judged after
-    taking out the runs' common shift (the new step times divided by 1 + shift)."""
+    taking out the runs' common shift (the new step times divided by 1 + shift).  The test itself runs
+    later, with every other of the comparison (:func:`_judge_time`)."""
     old, new = o.values[q.key], n.values[q.key]
-    old_ci, new_ci = median_ci(list(o.samples)), median_ci(list(n.samples))
+    old_ci, new_ci = cis[id(o)], cis[id(n)]
     d = Delta(q.key, q.label, old, new, change, old_ci=list(old_ci) if old_ci else None,
               new_ci=list(new_ci) if new_ci else None)
     factor = 1 + shift  # step time new/old that every point shares
     adjusted = new / factor if q.higher_is_worse else new * factor
     d.judged_change = (adjusted - old) / abs(old) if old else change
     worse = d.judged_change if q.higher_is_worse else -d.judged_change
-    new_samples = [t / factor for t in n.samples]
-    # step time: higher is worse; tokens/s is its inverse, so "worse" means slower steps either way
-    slower = worse > 0
-    d.p_value = (slower_p_value if slower else faster_p_value)(list(o.samples), new_samples)
-    if d.p_value is None:
-        # no per-step times (an old record, a benchmark file without data), or no scipy to test them
-        d.verdict = "untested"
-        d.regressed, d.improved = q.gates and worse > limit, -worse > limit
-        return d
-    significant = d.p_value is not None and d.p_value < ALPHA
-    if abs(worse) <= limit:
-        d.verdict = "no change"
-    elif not significant:
-        d.verdict = "noisy"
-    elif slower:
-        d.verdict, d.regressed = "regression", q.gates
-    else:
-        d.verdict, d.improved = "improvement", True
+    pending.append(_Pending(d, q.gates, limit, worse, list(o.samples), [t / factor for t in n.samples]))
     return d
+
+
+def _judge_time(pending: list[_Pending]) -> None:
+    """Run the rank tests of every pending time delta at once and give each its verdict."""
+    # step time: higher is worse; tokens/s is its inverse, so "worse" means slower steps either way
+    tests = p_values([(p.old, p.new, "slower" if p.worse > 0 else "faster") for p in pending])
+    for p, p_value in zip(pending, tests):
+        d, worse, limit = p.delta, p.worse, p.limit
+        d.p_value = p_value
+        if p_value is None:
+            # no per-step times (an old record, a benchmark file without data), or no scipy to test them
+            d.verdict = "untested"
+            d.regressed, d.improved = p.gates and worse > limit, -worse > limit
+        elif abs(worse) <= limit:
+            d.verdict = "no change"
+        elif p_value >= ALPHA:
+            d.verdict = "noisy"
+        elif worse > 0:
+            d.verdict, d.regressed = "regression", p.gates
+        else:
+            d.verdict, d.improved = "improvement", True
 
 
 def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = Thresholds(),
                    kind: str = SWEEP) -> Comparison:
-    """Match by key and judge each pair; keys on one side only are kept in ``only_old`` / ``only_new``."""
+    """Match by key and judge each pair; keys on one side only are kept in ``only_old`` / ``only_new``.
+
+    Linear in the number of points: pairs are matched through dicts, and the bootstrap intervals and rank
+    tests of all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.stats.p_values`)."""
     # a point recorded as skipped (a sweep's deadline) was never measured: it counts as absent there
     old_by = {p.key: p for p in old if p.status != "skipped"}
     new_by = {p.key: p for p in new if p.status != "skipped"}
-    points = []
-    shift = common_shift([(o, new_by[k]) for k, o in old_by.items() if k in new_by]) if thresholds.drift else None
-    for key, o in old_by.items():
-        n = new_by.get(key)
-        if n is None:
-            continue
-        pc = PointComparison(key, n.label or o.label, o.status, n.status,
+    pairs = [(o, new_by[k]) for k, o in old_by.items() if k in new_by]
+    shift = common_shift(pairs) if thresholds.drift else None
+    sides = [p for pair in pairs for p in pair if p.ci is None]
+    cis = dict(zip(map(id, sides), median_cis([list(p.samples) for p in sides])))
+    cis.update((id(p), p.ci) for pair in pairs for p in pair if p.ci is not None)
+    points, pending = [], []
+    for o, n in pairs:
+        pc = PointComparison(o.key, n.label or o.label, o.status, n.status,
                              status_regressed=o.status == "ok" and n.status != "ok",
                              old_spread=o.spread, new_spread=n.spread)
-        pc.deltas = [_delta(q, o, n, thresholds, shift or 0.0) for q in QUANTITIES
+        pc.deltas = [_delta(q, o, n, thresholds, shift or 0.0, cis, pending) for q in QUANTITIES
                      if o.values.get(q.key) is not None or n.values.get(q.key) is not None]
+        points.append(pc)
+    _judge_time(pending)
+    for pc, (o, n) in zip(points, pairs):
         tested = any(d.verdict not in ("", "untested") for d in pc.deltas)
         # noisy: a time change beyond the threshold that the step times cannot back; without per-step
         # times, a spread wider than the threshold on either side
         pc.noisy = (any(d.verdict == "noisy" for d in pc.deltas) if tested
                     else any(s is not None and s > thresholds.time for s in (o.spread, n.spread)))
-        points.append(pc)
     return Comparison(kind, thresholds, points,
                       only_old=[p for k, p in old_by.items() if k not in new_by],
                       only_new=[p for k, p in new_by.items() if k not in old_by], common_shift=shift)

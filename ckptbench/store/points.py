@@ -53,6 +53,7 @@ class Point:
     values: dict  # quantity key -> float | None
     spread: float | None = None  # relative spread of the step times (see module docstring)
     samples: tuple[float, ...] = ()  # every timed step's time (all repeats pooled): what significance is tested on
+    ci: tuple[float, float] | None = None  # the median's bootstrap interval over `samples`, when already drawn
 
 
 
@@ -95,7 +96,11 @@ def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
         m = r.get("measurement") or {}
         values = {q.key: _number(m.get(q.key)) for q in QUANTITIES}
         spread = _spread(m.get("step_time_median_s"), m.get("step_time_p90_s"), m.get("step_time_cv"))
-        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, tuple(time_samples(m))))
+        # the loader drew the interval over these very samples (repeats.time_samples); not drawn twice
+        ci = m.get("step_time_ci95_s")
+        ci = tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None
+        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, tuple(time_samples(m)),
+                            ci))
     return points, problems
 
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import StorageError
-from .repeats import merge_repeats
+from .repeats import merge_repeats, single_records
 from .validate import record_problem
 
 SCHEMA_VERSION = 1
@@ -158,7 +158,8 @@ def latest_per_case(records: list[dict]) -> list[dict]:
     groups: dict[str, list[dict]] = {}
     for (case_id, _), record in _latest_lines(records).items():
         groups.setdefault(case_id, []).append(record)
-    return [merge_repeats(group) for group in groups.values()]
+    singles = single_records([g[0] for g in groups.values() if len(g) == 1])[::-1]
+    return [singles.pop() if len(group) == 1 else merge_repeats(group) for group in groups.values()]
 
 
 def _latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 
-from .stats import summary
+from .stats import median_cis, summary
 
 MIN_REPEATS_AS_UNIT = 3  # from this many repeats on, intervals and tests use one median per worker
 
@@ -35,14 +35,25 @@ def time_samples(m: dict) -> list[float]:
     return per_repeat if len(per_repeat) >= MIN_REPEATS_AS_UNIT else numbers(m.get("step_times_s"))
 
 
+def _needs_statistics(record: dict) -> bool:
+    m = record.get("measurement") or {}
+    return bool(m.get("step_times_s")) and "step_time_ci95_s" not in m
+
+
 def with_time_statistics(record: dict) -> dict:
     """The record with its step times' median interval (a copy when anything is added)."""
-    m = record.get("measurement") or {}
-    times = m.get("step_times_s")
-    if not times or "step_time_ci95_s" in m:
-        return record
-    out = copy.copy(record)
-    out["measurement"] = {**m, **summary(times)}
+    return single_records([record])[0]
+
+
+def single_records(records: list[dict]) -> list[dict]:
+    """:func:`with_time_statistics` of each record, the intervals drawn together (one array operation per
+    number of steps, not one bootstrap per record: a run of 20,000 records loads in seconds)."""
+    todo = [i for i, r in enumerate(records) if _needs_statistics(r)]
+    cis = median_cis([records[i]["measurement"]["step_times_s"] for i in todo])
+    out = list(records)
+    for i, ci in zip(todo, cis):
+        m = records[i]["measurement"]
+        out[i] = {**records[i], "measurement": {**m, **summary(m["step_times_s"], ci=ci)}}
     return out
 
 

@@ -30,6 +30,9 @@ MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_laye
 
 
 def _number(value) -> bool:
+    kind = type(value)
+    if kind is float or kind is int:  # nearly every value; the abstract check below is slow
+        return True
     return isinstance(value, Real) and not isinstance(value, bool)
 
 

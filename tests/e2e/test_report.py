@@ -132,7 +132,7 @@ def test_corrupt_records_file_keeps_what_is_readable(smoke, tmp_path):
     (tmp_path / RECORDS).write_bytes(lines[0] + b"{not json\n" + b"[1, 2]\n" + b"".join(lines[1:])
                                      + b'{"case_id": "torn", "sch')
     html, page = _render(tmp_path)
-    assert "unreadable line" in html and "truncated last line" in html and "no case_id" in html
+    assert "unreadable line" in html and "truncated last line" in html and "a JSON list, not an object" in html
     assert HEADINGS["headline"] in page.h2 and len(page.images) >= 4
     assert "could not be rendered" not in html
 

@@ -1,0 +1,103 @@
+"""A synthetic but valid results directory of any size, for tests and measurements of scale.
+
+The records are copies of the committed reference run (``results/reference-cpu``), each template once
+per seed, so every Case id is a real, distinct hash; measured figures are scaled a little per
+point, a few checks fail, and a few points end oom or crashed, so each section of the report has
+something to show.  Every record passes :func:`ckptbench.store.validate.record_problem`.
+
+    python -m tests.synthetic_run OUT_DIR [N] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+
+from ckptbench.spec import Case
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = os.path.join(ROOT, "results", "reference-cpu")
+
+
+def _templates() -> list[str]:
+    with open(os.path.join(REFERENCE, "records.jsonl"), encoding="utf-8") as fh:
+        return [line for line in fh if line.strip()]
+
+
+def _scale_measurement(m: dict, factor: float, rng: random.Random) -> None:
+    for key, value in list(m.items()):
+        if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+            m[key] = int(value * factor)
+    times = [t * factor * rng.uniform(0.9, 1.1) for t in m.get("step_times_s") or []]
+    if times:
+        m["step_times_s"] = times
+        ordered = sorted(times)
+        m["step_time_median_s"] = ordered[len(ordered) // 2]
+        m["step_time_p90_s"] = ordered[-1]
+        m["step_time_mean_s"] = sum(times) / len(times)
+    if m.get("tokens_per_s"):
+        m["tokens_per_s"] = m["tokens_per_s"] / factor
+
+
+def synthetic_records(n: int, seed: int = 0, fail_every: int = 97, bad_every: int = 211) -> list[dict]:
+    """`n` records with distinct Case ids; every `fail_every`-th has a failing peak check, every
+    `bad_every`-th ended oom or crashed."""
+    rng = random.Random(seed)
+    templates = _templates()
+    out, seen = [], set()
+    i = 0
+    while len(out) < n:
+        t = templates[i % len(templates)]
+        rec = json.loads(t)  # a fresh copy, faster than deepcopy
+        case = rec["case"]
+        case["train"]["seed"] = i // len(templates)  # the templates' own points, once per seed
+        i += 1
+        cid = Case.from_dict(case).id
+        if cid in seen:
+            continue
+        seen.add(cid)
+        rec["case_id"] = cid
+        k = len(out)
+        factor = rng.uniform(0.9, 1.1)
+        _scale_measurement(rec.get("measurement") or {}, factor, rng)
+        if k % fail_every == fail_every - 1:
+            for check in rec.get("checks") or []:
+                if check.get("quantity") == "peak_bytes":
+                    check.update(verdict="fail", ratio=1.21, difference=int((check.get("estimated") or 0) * 0.21))
+            rec["verdict"] = "fail"
+        if k % bad_every == bad_every - 1:
+            rec["status"] = "oom" if k % 2 else "crash"
+            rec["reason"] = "synthetic failure for scale tests"
+            rec["stderr_tail"] = "Traceback (most recent call last):\n  ...\nRuntimeError: synthetic\n"
+            rec.pop("checks", None)
+            rec["verdict"] = None
+        out.append(rec)
+    return out
+
+
+def write_run(out_dir: str, n: int, seed: int = 0) -> str:
+    """Write `n` synthetic records (and the reference suite file) into `out_dir`; returns the directory."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "records.jsonl"), "w", encoding="utf-8") as fh:
+        for rec in synthetic_records(n, seed):
+            fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    suite = os.path.join(REFERENCE, "suite.toml")
+    if os.path.exists(suite):
+        shutil.copy(suite, os.path.join(out_dir, "suite.toml"))
+    return out_dir
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("n", type=int, nargs="?", default=20000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    print(write_run(args.out, args.n, args.seed))
+
+
+if __name__ == "__main__":
+    main()

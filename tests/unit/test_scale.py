@@ -1,0 +1,159 @@
+"""Scale of the outputs: a run of thousands of records renders a page of bounded size, and the work of
+loading, reporting and comparing grows with the records, not with their square.
+
+Structural assertions only (bytes, rows, calls): no wall-clock thresholds on a shared machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+
+import numpy as np
+import pytest
+
+from ckptbench.report import compare as compare_view
+from ckptbench.report.checks import csv_path
+from ckptbench.report.render import render_report
+from ckptbench.store import stats
+from ckptbench.store.compare import compare_runs
+from ckptbench.store.records import load_records
+from tests.synthetic_run import synthetic_records, write_run
+
+N = 5000
+# The old page listed every check of every record: 5,000 records × 16 checks came to some 35 MB.
+# Summaries, the failing checks and the figures fit in a small fraction of that.
+HTML_BOUND = 4 * 2**20
+TAIL = (1 - stats.CONFIDENCE) / 2
+
+
+def _old_median_ci(samples):
+    """The interval one sample at a time, as it was drawn before intervals were batched."""
+    if len(samples) < 3:
+        return None
+    rng = np.random.default_rng(stats.SEED)
+    medians = np.median(rng.choice(np.asarray(samples, float), size=(stats.RESAMPLES, len(samples))), axis=1)
+    return float(np.quantile(medians, TAIL)), float(np.quantile(medians, 1 - TAIL))
+
+
+def _old_ratio_ci(num, den):
+    if len(num) < 3 or len(den) < 3:
+        return None
+    rng = np.random.default_rng(stats.SEED)
+    a = np.median(rng.choice(np.asarray(num, float), size=(stats.RESAMPLES, len(num))), axis=1)
+    b = np.median(rng.choice(np.asarray(den, float), size=(stats.RESAMPLES, len(den))), axis=1)
+    return float(np.quantile(a / b, TAIL)), float(np.quantile(a / b, 1 - TAIL))
+
+
+def _samples(k: int, seed: int = 3) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    out = [list(rng.uniform(0.05, 0.1, size=n)) for n in rng.integers(0, 12, size=k)]
+    return out + [[0.1, 0.1, 0.2], [1.0, 2.0, 2.0, 3.0], [0.2] * 5]
+
+
+def test_batched_intervals_are_the_intervals_drawn_one_at_a_time():
+    samples = _samples(200)
+    assert stats.median_cis(samples) == [_old_median_ci(s) for s in samples]
+    pairs = list(zip(samples, reversed(samples)))
+    assert stats.ratio_cis(pairs) == [_old_ratio_ci(a, b) for a, b in pairs]
+
+
+def test_batched_rank_tests_are_the_tests_run_one_at_a_time():
+    pytest.importorskip("scipy")
+    from scipy.stats import mannwhitneyu
+
+    samples = _samples(120)
+    triples = [(a, [t * 1.07 for t in b], "slower" if k % 2 else "faster")
+               for k, (a, b) in enumerate(zip(samples, samples[1:]))]
+    triples += [([1.0, 2.0, 3.0], [2.0, 3.0, 4.0], "slower"), ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], "slower")]
+    expected = [None if len(o) < 2 or len(n) < 2 else
+                float(mannwhitneyu(n, o, alternative="greater" if d == "slower" else "less").pvalue)
+                for o, n, d in triples]
+    got = stats.p_values(triples)
+    assert [g is None for g in got] == [e is None for e in expected]
+    assert all(g == e or math.isclose(g, e, rel_tol=1e-12) for g, e in zip(got, expected) if e is not None)
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    return write_run(str(tmp_path_factory.mktemp("big") / "run"), N)
+
+
+def test_a_large_run_renders_a_bounded_page_with_every_failing_check(big_run, tmp_path):
+    loaded = load_records(big_run)
+    assert len(loaded.records) == N and not loaded.problems
+    checks = [c for r in loaded.records for c in r.get("checks") or []]
+    failing = [c for c in checks if c["verdict"] == "fail"]
+    assert failing and len(checks) > 50_000
+
+    html_path = render_report(big_run, str(tmp_path / "big.html"), loaded=loaded)
+    html = open(html_path, encoding="utf-8").read()
+    size = len(html.encode())
+    assert size < HTML_BOUND, f"{size} bytes"
+    assert "could not be rendered" not in html
+    # every failing check is listed row by row; the passing ones are counted, not listed
+    listed = html.split('<table class="check-rows">', 1)[1].split("</table>", 1)[0]
+    assert listed.count('<tr class="fail">') == len(failing)
+    assert '<tr class="pass">' not in listed
+    assert f"{len(checks)} checks, {len(failing)} failing" in html
+    summary = html.split('<table class="check-summary">', 1)[1].split("</table>", 1)[0]
+    counts = [int(n) for n in re.findall(r'<td class="num">(\d+)</td><td class="num">(\d+)</td>', summary)[0]]
+    assert counts[0] == len(failing)
+    # and the whole table is beside the page
+    with open(csv_path(html_path), encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(checks)
+    assert [r["verdict"] for r in rows[:len(failing)]] == ["fail"] * len(failing)
+    assert {r["case_id"] for r in rows} == {r["case_id"] for r in loaded.records if r.get("checks")}
+
+
+def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
+    calls = []
+    real = stats._medians
+    monkeypatch.setattr(stats, "_medians", lambda rows, idx: calls.append(len(rows)) or real(rows, idx))
+    loaded = load_records(big_run)
+    assert sum(calls) == N  # every record's interval ...
+    assert len(calls) <= 10  # ... in a handful of array operations, not one per record
+    assert all(r["measurement"]["step_time_ci95_s"] for r in loaded.records if r["status"] == "ok")
+
+
+def test_compare_runs_its_tests_in_batches_and_draws_only_what_moved(monkeypatch):
+    pytest.importorskip("scipy")
+    import scipy.stats
+
+    old, new = synthetic_records(N, seed=0), synthetic_records(N, seed=1)
+    tests = []
+    real = scipy.stats.mannwhitneyu
+    monkeypatch.setattr(scipy.stats, "mannwhitneyu", lambda *a, **k: tests.append(1) or real(*a, **k))
+    comparison = compare_runs(old, new)
+    assert len(comparison.points) == N
+    timed = sum(1 for p in comparison.points for d in p.deltas if d.p_value is not None)
+    assert timed >= N  # every point's times were tested ...
+    assert len(tests) <= 16  # ... in a few calls (by sizes, direction and ties), not one per point
+    shown = compare_view.shown_points(comparison)
+    assert len(shown) == compare_view.TABLE_POINTS and all(compare_view.notable(p) for p in shown)
+    regressions = comparison.regressions
+    assert shown == regressions[:len(shown)] or shown[:len(regressions)] == regressions
+
+
+def test_a_small_comparison_draws_every_point():
+    old, new = synthetic_records(30, seed=0), synthetic_records(30, seed=1)
+    comparison = compare_runs(old, new)
+    assert compare_view.shown_points(comparison) == comparison.points
+
+
+def test_baseline_rows_are_capped_to_the_largest_changes():
+    from ckptbench.report import tables
+    from ckptbench.report.columns import tidy
+    from ckptbench.store.records import to_frame
+
+    old = synthetic_records(300, seed=0)
+    old[5].update(status="crash", reason="gone", checks=None)
+    cur, base = tidy(to_frame(synthetic_records(300, seed=1))), tidy(to_frame(old))
+    out = tables.deltas(cur, base, limit=50)
+    assert out["matched"] == 300 and out["total_rows"] > 50 and len(out["rows"]) == 50
+    status = [r for r in out["rows"] if r["quantity"] == "status" and r["delta"] == "changed"]
+    assert status  # a point ok on one side only is never cut
+    everything = tables.deltas(cur, base, limit=10**6)["rows"]
+    assert len(everything) == out["total_rows"]
