@@ -28,26 +28,24 @@ def positive(text: str) -> float:
     return value
 
 
-def at_least_one(text: str) -> int:
-    """A whole number >= 1 (repeats, slots, jobs, cores)."""
+def _whole(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {text!r}")
     return value
+
+
+def at_least_one(text: str) -> int:
+    """A whole number >= 1 (repeats, slots, jobs, cores)."""
+    return _whole(text, 1)
 
 
 def at_least_zero(text: str) -> int:
     """A whole number >= 0 (0 meaning off: local SGD steps)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
+    return _whole(text, 0)
 
 
 def statuses(text: str) -> tuple[str, ...]:

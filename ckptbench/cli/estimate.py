@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec import ATTENTIONS, PRESETS
+from ..spec import ATTENTIONS, PRESETS, precision_name
 from ..theory import estimate as est_mod
 from .quick import add_precision_flags, precision_flag
 
@@ -60,7 +60,7 @@ def _rows(e: est_mod.Estimate) -> list[tuple[str, int]]:
 
 
 def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
-    precision = f"{e.autocast}-mixed" if e.autocast else e.dtype
+    precision = precision_name(e.dtype, e.autocast)
     head = (f"{e.model}  {precision} {e.attn}  b={e.batch} s={e.seq}  every_n_layers={e.every_n_layers}"
             f"{' offload' if e.offload else ''}  params={e.n_params:,}")
     lines = [head, ""]

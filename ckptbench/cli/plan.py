@@ -76,23 +76,6 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
                              "could say why") from None
 
 
-def _calibration(path: str | None, verify: bool = False) -> dict:
-    """A `calibrate` / `plan --verify` JSON, or {} when none is given (or, with --verify, which writes it,
-    when it does not exist yet)."""
-    if not path or (verify and not os.path.exists(path)):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise UsageError(f"--calibration {path}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--calibration {path}: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--calibration {path}: not a calibration (a JSON object), got {type(data).__name__}")
-    return data
-
-
 def _check_html(path: str | None) -> None:
     """Refuse an --html path that cannot be written before the plan is computed, not after."""
     if not path:
@@ -127,11 +110,12 @@ def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
 
 
 def assumptions(args):
+    from ..run.calibration import read_calibration
     from ..theory import plan as planner
 
     case = _case(args)
     spec, compute = case.model, case.compute_dtype
-    cal = _calibration(args.calibration, args.verify)
+    cal = read_calibration(args.calibration, args.verify)
     sources = {"efficiency": "default"}
     a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
          "network": args.network}

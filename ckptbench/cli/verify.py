@@ -54,6 +54,7 @@ def _rate_beside_steps(planned, seq: int) -> tuple[float | None, str]:
 
 
 def verify(args, planned, options, a, predict) -> int:
+    from ..run.calibration import read_calibration
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
     from ..suite import parse_suite
@@ -124,10 +125,7 @@ def verify(args, planned, options, a, predict) -> int:
         if efficiency is None:
             print(f"no calibration written to {args.calibration}: {why} (peak: {rate_note})")
             return 0
-        cal = {}
-        if os.path.exists(args.calibration):
-            with open(args.calibration, encoding="utf-8") as fh:
-                cal = json.load(fh)
+        cal = read_calibration(args.calibration, verify=True)  # the file plan read and checked, or {} when new
         cal.update(training_efficiency=efficiency, training_efficiency_points=len(ratios),
                    training_efficiency_from=out, training_efficiency_peak=rate_note)
         write_text_atomic(args.calibration, json.dumps(cal, indent=2))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..spec import checkpointing_name
+from ..spec import checkpointing_name, precision_name
 
 # short name -> (dotted column of store.records.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -121,7 +121,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             out[short] = [None if _missing(v) else v for v in col]
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
-    out["precision"] = [f"{ac}-mixed" if ac else dt for ac, dt in zip(out["autocast"], out["dtype"])]
+    out["precision"] = [precision_name(dt, ac) for ac, dt in zip(out["autocast"], out["dtype"])]
     out["loop"] = [loop or "manual" for loop in out["loop"]]
     out["dropout"] = [dropout_label(ran, asked) for ran, asked in zip(out["dropout_ran"], out["dropout"])]
     out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")

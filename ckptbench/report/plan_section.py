@@ -12,6 +12,7 @@ import os
 
 import matplotlib.pyplot as plt
 
+from ..spec import precision_name
 from .figures import STYLE, Figure, _encode
 
 PLAN_FILE = "plan.json"
@@ -50,7 +51,7 @@ def _same_setup(plan: dict, case: dict) -> bool:
     """Whether a plan (which names its precision and loop since they exist) is about this point's setup."""
     setup = case.get("setup") or {}
     autocast = setup.get("autocast") or ""
-    precision = f"{autocast}-mixed" if autocast else (case.get("model") or {}).get("dtype")
+    precision = precision_name((case.get("model") or {}).get("dtype"), autocast)
     return (plan.get("precision", precision) == precision
             and plan.get("loop", "manual") == (setup.get("loop") or "manual"))
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
 
+from ..errors import UsageError
 from ..spec import Case, ModelSpec, TrainSpec
 from ..theory.duration import Rates, rate_key
 
@@ -34,3 +36,20 @@ def cpu_matmul_rate(spec: ModelSpec, seq: int, compute: str, threads: int = 1) -
                                      batch_size=1, seq_len=seq)])
     peak = rates.matmul.get(("cpu", compute, threads)) if rates else None
     return peak, f"measured here ({threads} thread{'s' if threads > 1 else ''})" if peak else f"unknown: {why}"
+
+
+def read_calibration(path: str | None, verify: bool = False) -> dict:
+    """A `calibrate` / `plan --verify` JSON, or {} when none is given (or, with --verify, which writes it,
+    when it does not exist yet)."""
+    if not path or (verify and not os.path.exists(path)):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"--calibration {path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--calibration {path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--calibration {path}: not a calibration (a JSON object), got {type(data).__name__}")
+    return data

@@ -39,7 +39,7 @@ from .memory_step import MemoryStepMarks
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
     """One memory step of the manual loop on a model and optimizer its caller built: the probes' result."""
     marks = MemoryStepMarks(layers)
-    memory_step(model, optimizer, batch, case.grad_accum, Amp(case), marks)
+    memory_step(model, optimizer, batch, case.grad_accum, Amp.of(case), marks)
     return marks.result()
 
 

@@ -57,7 +57,7 @@ class ManualLoop:
         self.case, self.model, self.batch = case, model, batch
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
-        self.amp = Amp(case)
+        self.amp = Amp.of(case)
 
     def run(self, schedule) -> None:
         for k in range(schedule.total):

@@ -22,10 +22,14 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class Amp:
     """The precision half of a step: an autocast context for the forward and, for fp16, the scaler."""
 
-    def __init__(self, case: Case):
-        self.dtype = AUTOCAST_DTYPES.get(case.setup.autocast)
-        self.device_type = torch.device(case.device).type
-        self.scaler = torch.amp.GradScaler(self.device_type) if case.setup.autocast == "fp16" else None
+    def __init__(self, autocast: str = "", device_type: str = "cpu"):
+        self.dtype = AUTOCAST_DTYPES.get(autocast)
+        self.device_type = device_type
+        self.scaler = torch.amp.GradScaler(device_type) if autocast == "fp16" else None
+
+    @classmethod
+    def of(cls, case: Case) -> Amp:
+        return cls(case.setup.autocast, torch.device(case.device).type)
 
     def autocast(self):
         if self.dtype is None:
@@ -41,10 +45,3 @@ class Amp:
             return
         self.scaler.step(optimizer)
         self.scaler.update()
-
-
-def pure() -> Amp:
-    """No autocast, no scaler: the pure-dtype step."""
-    amp = Amp.__new__(Amp)
-    amp.dtype, amp.device_type, amp.scaler = None, "cpu", None
-    return amp

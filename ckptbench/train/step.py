@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from .precision import Amp, pure
+from .precision import Amp
 
 
 def forward_loss(model, batch, grad_accum: int, amp: Amp | None = None) -> torch.Tensor:
-    with (amp or pure()).autocast():
+    with (amp or Amp()).autocast():
         return model(input_ids=batch, labels=batch).loss / grad_accum
 
 
 def train_step(model, optimizer, batch, grad_accum: int, amp: Amp | None = None) -> torch.Tensor:
     """One optimizer step; the loss stays a tensor so the step never waits for the device (no .item())."""
-    amp = amp or pure()
+    amp = amp or Amp()
     total = None
     for _ in range(grad_accum):
         loss = forward_loss(model, batch, grad_accum, amp)
