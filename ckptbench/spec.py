@@ -13,6 +13,16 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from .runsetup import (  # noqa: F401  (the kinds of run, re-exported: a Case's setup is part of what a point is)
+    LOOPS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SHARDINGS,
+    Lora,
+    Setup,
+    precision_name,
+)
+
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
 # analytic family that sets only these (and its dimensions) is still estimated analytically.  Dropout keys
@@ -44,12 +54,6 @@ DROPOUT_DEFAULTS: dict[str, dict] = {
 }
 DROPOUTS = ("off", "published")
 DTYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# precision name -> (parameter dtype, autocast dtype): pure precisions keep every tensor in one dtype; the
-# mixed ones are what Trainer(bf16=True / fp16=True) and Accelerator(mixed_precision=...) run: fp32 master
-# weights, gradients and optimizer state, compute under torch.autocast (fp16 with a gradient scaler)
-PRECISIONS = {"fp32": ("fp32", ""), "bf16": ("bf16", ""), "fp16": ("fp16", ""),
-              "bf16-mixed": ("fp32", "bf16"), "fp16-mixed": ("fp32", "fp16")}
-LOOPS = ("manual", "trainer", "accelerate")
 ATTENTIONS = ("eager", "sdpa")
 DEVICES = ("cpu", "cuda")
 SYNC_IMPLS = ("accelerate", "torch-averager")
@@ -207,11 +211,6 @@ def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
     return [i for i in range(layers) if i % every_n_layers == 0]
 
 
-def precision_name(dtype: str, autocast: str) -> str:
-    """The precision a (parameter dtype, autocast dtype) pair is: fp32, bf16, fp16, bf16-mixed, fp16-mixed."""
-    return f"{autocast}-mixed" if autocast else dtype
-
-
 # (autocast, families) the analytic estimate has mixed-precision terms for, under the manual loop on a CPU
 # (tests/unit/test_mixed_estimate.py holds them to the simulated step byte for byte)
 ANALYTIC_MIXED = {"bf16": ("llama", "qwen2")}
@@ -221,7 +220,8 @@ def analytic_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
     """Whether the analytic estimate describes a model trained so: a model it describes
     (:attr:`ModelSpec.analytic`) under the manual loop, in a pure precision, or in bf16-mixed for the
     families of :data:`ANALYTIC_MIXED` on a CPU."""
-    if not model.analytic or setup.loop != "manual":
+    if not model.analytic or setup.loop != "manual" or setup.lora or setup.optimizer != "adamw" \
+            or setup.sharding != "ddp":
         return False
     if not setup.autocast:
         return True
@@ -230,31 +230,9 @@ def analytic_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
 
 
 @dataclass(frozen=True)
-class Setup:
-    """How a point is trained, beside what it trains: the one typed place for each kind of run.
-
-    ``train/`` builds the run from it, ``theory/`` predicts it, ``plan`` searches it.
-    - ``autocast``: "" for a pure precision (every tensor in the model's dtype), or the compute dtype
-      ("bf16", "fp16") of autocast mixed precision over the model's fp32 master weights;
-    - ``loop``: ``manual`` (the plain step loop), ``trainer`` (``transformers.Trainer.train()``) or
-      ``accelerate`` (``Accelerator.prepare`` / ``accumulate`` / ``backward``).
-    """
-
-    autocast: str = ""
-    loop: str = "manual"
-
-    @property
-    def label(self) -> str:
-        """What the setup adds to a point's name: empty at the defaults (a pure dtype, the manual loop)."""
-        parts = [f"{self.autocast}-mixed"] if self.autocast else []
-        return "+".join(parts + ([self.loop] if self.loop != "manual" else []))
-
-
-@dataclass(frozen=True)
 class TrainSpec:
     """Fixed training settings of a suite: identical for every point so points are comparable."""
 
-    optimizer: str = "adamw"
     lr: float = 1e-4
     warmup_steps: int = 1
     steps: int = 3
@@ -310,8 +288,11 @@ class Case:
     @property
     def id(self) -> str:
         fields_ = asdict(self)
+        fields_["setup"] = self.setup.id_fields()
         if self.setup == Setup():
             del fields_["setup"]  # pure-dtype points of the manual loop keep the ids they had before
+        # the optimizer was a fixed TrainSpec field ("adamw") before it became a choice in the setup
+        fields_["train"]["optimizer"] = "adamw"
         if not fields_["model"]["config"]:
             del fields_["model"]["config"]  # points of the three built-in families keep their ids
         if fields_["model"]["dropout"] == "off":
@@ -326,7 +307,8 @@ class Case:
         """Short human name of the setting: none, full, every-2, full+offload, none+ddp2, full+K4 ..."""
         name = checkpointing_name(self.every_n_layers, self.offload)
         if self.world_size > 1:
-            name += f"+ddp{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
+            shard = self.setup.sharding
+            name += f"+{shard}{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
             name += "-avg" if self.local_sgd_steps and self.sync_impl == "torch-averager" else ""
         return name + (f"+{self.setup.label}" if self.setup.label else "")
 
@@ -363,9 +345,9 @@ class Case:
         known = _field_names(cls)
         values = {k: v for k, v in data.items() if k in known}
         values["model"] = ModelSpec(**data["model"])
-        values["train"] = TrainSpec(**data["train"])
+        values["train"] = TrainSpec(**{k: v for k, v in data["train"].items() if k in _field_names(TrainSpec)})
         values["data"] = DataSpec(**data["data"]) if data.get("data") else DataSpec()
-        values["setup"] = Setup(**data["setup"]) if data.get("setup") else Setup()
+        values["setup"] = Setup.from_dict(data["setup"]) if data.get("setup") else Setup()
         return cls(**values)
 
 

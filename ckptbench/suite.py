@@ -17,7 +17,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 
 import tomllib
 
@@ -43,16 +43,13 @@ from .spec import (
     DROPOUTS,
     DTYPES,
     FAMILIES,
-    LOOPS,
     PRECISIONS,
     PRESETS,
     SYNC_IMPLS,
     Case,
     DataSpec,
     ModelSpec,
-    Setup,
     Suite,
-    TrainSpec,
     canonical_config,
     preset,
 )
@@ -65,6 +62,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     MODEL_DIMS,
     MODEL_KEYS,
     MODEL_SOURCES,
+    SETUP_AXES,
     SLURM_KEYS,
     SUITE_KEYS,
     TABLES,
@@ -74,6 +72,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     _is,
     compute_dtype,
 )
+from .suitesetup import setups, train_spec
 
 
 def _source(ck: _Checker, table: dict) -> dict:
@@ -202,40 +201,6 @@ def _model(ck: _Checker, table: dict, device: str, precisions: list | None = Non
     return spec, attn_note, precisions
 
 
-def _train(ck: _Checker, table: dict) -> TrainSpec:
-    if table.get("optimizer", "adamw") != "adamw":
-        ck.fail("train.optimizer", f"only 'adamw' is supported, got {table['optimizer']!r}")
-    if table.get("loop", "manual") not in LOOPS:
-        ck.fail("train.loop", f"unknown loop {table['loop']!r}; known: {', '.join(LOOPS)}")
-    for key in ("warmup_steps", "steps", "memory_steps", "threads"):
-        if key in table:
-            ck.positive(f"train.{key}", table[key])
-    if "lr" in table:
-        ck.positive("train.lr", table["lr"])
-    if "seed" in table:
-        ck.positive("train.seed", table["seed"], allow_zero=True)
-    known = {f.name for f in fields(TrainSpec)}
-    return TrainSpec(**{k: v for k, v in table.items() if k in known})
-
-
-def _setups(ck: _Checker, precisions: list, loops: list, device: str, attn: str) -> list[tuple[str, Setup]]:
-    """(parameter dtype, Setup) for each precision × loop, checked against what the libraries run."""
-    for loop in loops:
-        if loop not in LOOPS:
-            ck.fail("sweep.loop", f"unknown loop {loop!r}; known: {', '.join(LOOPS)}")
-    out = []
-    for p in precisions:
-        dtype, autocast = PRECISIONS[p]
-        if device == "cuda" and attn == "sdpa" and compute_dtype(p) == "fp32":
-            # torch's fused CUDA kernels (flash, memory-efficient, cuDNN) that the estimate models do not all
-            # take fp32 with grouped-query attention; its math fallback keeps the a·s² probabilities
-            ck.fail("model.attn", "sdpa in fp32 on CUDA may fall back to the math kernel, which keeps the "
-                    "s² probabilities the estimate does not model; use precision bf16-mixed (or bf16, fp16), "
-                    "or attn eager")
-        out += [(dtype, Setup(autocast=autocast, loop=loop)) for loop in loops]
-    return out
-
-
 def _data(ck: _Checker, table: dict, model: ModelSpec) -> DataSpec:
     """The ``[data]`` table: which corpus, and its keys only where they mean something."""
     source = table.get("source", "random")
@@ -308,9 +273,8 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     model, attn_note, axes["precision"] = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"),
                                                  axes["precision"] or None)
     train_table = ck.table(data, "train")
-    train = _train(ck, train_table)
+    train = train_spec(ck, train_table)
     axes["seed"] = axes["seed"] or [train.seed]
-    axes["loop"] = axes["loop"] or [train_table.get("loop", "manual")]
     data_spec = _data(ck, ck.table(data, "data"), model)
     if data_spec.source != "random" and min(axes["world_size"]) == 1:
         ck.fail("data.source", f"{data_spec.source!r} trains the data-parallel loop (world_size > 1); "
@@ -319,7 +283,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     device = suite.get("device", "cpu")
     if device not in DEVICES:
         ck.fail("suite.device", f"unknown device {device!r}; known: {', '.join(DEVICES)}")
-    setups = _setups(ck, axes["precision"], axes["loop"], device, model.attn)
+    point_setups = setups(ck, axes, train_table, device, model.attn)
     if max(axes["every_n_layers"]) > model.layers:
         ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
                 f"{model.layers} layers")
@@ -343,8 +307,8 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     if not all(_is(b, (int, float)) and math.isfinite(b) and b > 0 for b in budgets):
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
-    rest = [a for a in AXES if a not in ("seed", "precision", "loop")]
-    crossed = len(axes["seed"]) * len(setups) * math.prod(len(axes[a]) for a in rest)
+    rest = [a for a in AXES if a != "seed" and a not in SETUP_AXES]
+    crossed = len(axes["seed"]) * len(point_setups) * math.prod(len(axes[a]) for a in rest)
     if crossed > MAX_CROSSED:  # counted before a single Case is built: 10^4 × 10^4 would not fit in memory
         widest = max(AXES, key=lambda a: len(axes[a]))
         ck.fail(f"sweep.{widest}", f"the axes cross to {crossed:,} points (more than {MAX_CROSSED:,}); "
@@ -352,12 +316,13 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     cases = []
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
     for seed, (dtype, setup), (b, s, n, off, k, ga, ws, impl) in itertools.product(
-            axes["seed"], setups, itertools.product(*(axes[a] for a in rest))):
+            axes["seed"], point_setups, itertools.product(*(axes[a] for a in rest))):
         # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
         # averaging implementation where nothing is averaged (plain DDP or a single process), and a choice
-        # of loop for a multi-rank point (which always runs accelerate's data-parallel loop)
+        # of loop for a multi-rank point (which always runs accelerate's data-parallel loop), and a sharding
+        # where nothing is shared out (one rank) or parameters are averaged (local SGD averages whole models)
         if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
-                (setup.loop != "manual" and ws > 1):
+                (setup.loop != "manual" and ws > 1) or (setup.sharding != "ddp" and (ws == 1 or k > 0)):
             continue
         cases.append(Case(model=replace(model, dtype=dtype), train=replace(train, seed=seed), batch_size=b,
                           seq_len=s, every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga,

@@ -29,12 +29,16 @@ MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "h
               **dict.fromkeys(MODEL_DIMS, int)}
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
-              "memory_steps": int, "seed": int, "threads": int, "loop": str}
-AXES = {"seed": int, "precision": str, "loop": str, "batch_size": int, "seq_len": int, "every_n_layers": int,
+              "memory_steps": int, "seed": int, "threads": int, "loop": str, "lora": dict,
+              "sharding": str}
+AXES = {"seed": int, "precision": str, "loop": str, "lora_r": int, "sharding": str, "optimizer": str,
+        "batch_size": int, "seq_len": int, "every_n_layers": int,
         "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
-# seed: [train.seed]; precision: [model.precision] (or model.dtype); loop: [train.loop]
+# seed: [train.seed]; precision: [model.precision] (or model.dtype); loop, sharding, optimizer: [train.*];
+# lora_r: [train.lora].r (0: no adapters, full fine-tuning)
+SETUP_AXES = ("precision", "loop", "lora_r", "sharding", "optimizer")
 AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
-                 "world_size": [1], "sync_impl": ["accelerate"], "seed": [], "precision": [], "loop": []}
+                 "world_size": [1], "sync_impl": ["accelerate"], "seed": [], **dict.fromkeys(SETUP_AXES, [])}
 DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
              "eval_every": int, "eval_batches": int}
 # [slurm]: how `sweep --launcher slurm` asks for each job; flags of the same name override it.
@@ -48,7 +52,7 @@ TABLES = {"suite": SUITE_KEYS, "model": MODEL_KEYS, "train": TRAIN_KEYS, "sweep"
 def _type_name(t) -> str:
     if isinstance(t, tuple):
         return "number"
-    return {int: "integer", str: "string", bool: "boolean", list: "array", float: "number"}[t]
+    return {int: "integer", str: "string", bool: "boolean", list: "array", float: "number", dict: "a table"}[t]
 
 
 def _is(value, t) -> bool:
@@ -101,7 +105,7 @@ class _Checker:
                 self.fail(f"sweep.{key}", f"duplicate value {v!r}")
             seen.add(v)
         if AXES[key] is int:
-            zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed")
+            zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed", "lora_r")
             for v in values:
                 self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
         return values

@@ -103,8 +103,12 @@ def next_attempts(recorded: list[dict]) -> dict[tuple[str, int], int]:
 def _run_group(case: Case, work_dir: str, timeout: float, repeat: int, placement: Placement,
                point: Running, nodes: Nodes = Nodes()) -> dict:
     """A multi-rank Case: one torchrun group of its own, its rank-0 result in the common shape."""
+    from ..train.support import refusal
     from .launch import flatten_measurement, kill_tree, run_distributed_case
 
+    reason = refusal(case)
+    if reason:  # nothing started: the setup is not run here as asked
+        return {"status": "unsupported", "reason": reason, "stderr_tail": "", "wall_s": 0.0, "measurement": {}}
     name = case.id if repeat == 0 else f"{case.id}-{repeat}"
     where = {"cores": list(placement.cores), "env": placement.env()}
     result = run_distributed_case(case, os.path.join(work_dir, name), timeout, sync_impl=case.sync_impl,

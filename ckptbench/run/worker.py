@@ -26,10 +26,11 @@ from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
-from ..train.loops import loop_for, memory_step, precision_refusal
+from ..train.loops import loop_for, memory_step
 from ..train.models import build_model, dropout_values, synthetic_batch
 from ..train.precision import Amp
 from ..train.reference import reference
+from ..train.support import refusal as setup_refusal
 from .faults import Fault
 from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
@@ -141,7 +142,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         if case.every_n_layers > 0 and not layers:
             raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
                               "cannot checkpoint it layer by layer")
-        refusal = precision_refusal(case)
+        refusal = setup_refusal(case)
         if refusal:
             raise Unsupported(refusal)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)

@@ -72,22 +72,6 @@ class ManualLoop:
 ACCELERATE_PRECISION = {"": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
-def precision_refusal(case: Case) -> str | None:
-    """Why this point's precision is not run as asked here, or None.
-
-    fp16 mixed precision on CPU: Accelerate (and so Trainer) neither autocasts nor scales there
-    (``Accelerator(mixed_precision='fp16', cpu=True).native_amp`` is False: the point would silently train
-    in fp32), and the manual loop's CPU fp16 matmuls convert through fp32 scratch buffers below torch's
-    dispatcher, which the exact tracker cannot see (the allocator meter saw 25,728 B more than the tracker
-    on llama-tiny at batch 2, seq 32): no loop would be measured as it is meant to be.
-    """
-    if case.setup.autocast == "fp16" and case.device == "cpu":
-        return ("fp16 mixed precision is not run on CPU: accelerate and Trainer do not autocast or scale fp16 "
-                "there (the point would silently train in fp32), and CPU fp16 matmuls use scratch buffers the "
-                "exact memory tracker cannot see; bf16-mixed runs on CPU, fp16-mixed on CUDA")
-    return None
-
-
 class AccelerateLoop:
     """The Accelerate course's loop on one process."""
 

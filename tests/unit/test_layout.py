@@ -23,7 +23,9 @@ RANKS = {
     "__init__": 0, "errors": 0, "spec": 0, "env": 0,  # what a point is
     "configs": 0.5,  # a user's config.json, hub name or model_type to ModelSpec values
     "corpus": 0.5,  # the text a point learns from: stdlib, a file, a datasets cache entry, as bytes
+    "runsetup": -0.5,  # how a point is trained: precision, loop, adapters, sharding, optimizer
     "suitekeys": 0.75,  # the keys a suite file may hold, and the checker that names a wrong one
+    "suitesetup": 0.8,  # the [train] table and the setup axes to Setups
     "suite": 1,  # TOML in, Cases out
     "measure": 2,  # probes: see, never expect
     "train": 3,  # models, checkpointing, step loops (probed by measure)

@@ -94,7 +94,19 @@ BAD = [
      "sweep.local_sgd_steps", "world_size > 1"),
     ("device", {"suite": 'device = "tpu"'}, "suite.device", "unknown device"),
     ("timeout", {"suite": "timeout_s = 0"}, "suite.timeout_s", "> 0"),
-    ("optimizer", {"train": 'optimizer = "sgd"'}, "train.optimizer", "adamw"),
+    ("optimizer", {"train": 'optimizer = "lion"'}, "train.optimizer", "unknown optimizer 'lion'"),
+    ("optimizer axis", {"sweep": 'batch_size = [1]\nseq_len = [8]\noptimizer = ["sgd", "adam"]'},
+     "sweep.optimizer", "unknown optimizer 'adam'"),
+    ("sharding", {"train": 'sharding = "zero3"'}, "train.sharding", "unknown sharding"),
+    ("lora not a table", {"train": "lora = 8"}, "train.lora", "must be a table"),
+    ("extra not a table", {"model": "preset = \"llama-tiny\"\nextra = 1"}, "model.extra", "must be a table"),
+    ("lora key", {"train": "lora = { rank = 8 }"}, "train.lora.rank", "unknown key"),
+    ("lora r", {"train": "lora = { r = 0 }"}, "train.lora.r", "> 0"),
+    ("lora r type", {"train": 'lora = { r = "8" }'}, "train.lora.r", "must be an integer"),
+    ("lora dropout", {"train": "lora = { dropout = 1.0 }"}, "train.lora.dropout", "[0, 1)"),
+    ("lora targets", {"train": 'lora = { targets = ["q_proj", "q_proj"] }'}, "train.lora.targets", "twice"),
+    ("lora quantize", {"train": 'lora = { quantize = "int3" }'}, "train.lora.quantize", "unknown quantization"),
+    ("lora axis", {"sweep": "batch_size = [1]\nseq_len = [8]\nlora_r = [-4]"}, "sweep.lora_r", ">= 0"),
     ("nan budget", {"suite": "memory_budget_gib = nan"}, "suite.memory_budget_gib", "finite"),
     ("inf timeout", {"suite": "timeout_s = inf"}, "suite.timeout_s", "finite"),
     ("inf budgets", {"suite": "budgets_gib = [inf]"}, "suite.budgets_gib", "positive numbers"),
@@ -300,3 +312,35 @@ def test_duplicate_values_are_found_in_one_pass():
 def test_an_absurd_depth_is_refused_in_one_line():
     with pytest.raises(SuiteError, match=r"model.layers: 100,000 layers is more than 10,000"):
         parse_suite(_wide_suite(1, "layers = 100000\n"), "deep.toml")
+
+
+ID_LLAMA_TINY_B2_S32, ID_LLAMA_TINY_B2_S32_BF16_TRAINER = "7205cdfd793f", "067a7b9eff0c"  # as stored
+
+
+def test_setup_axes_cross_into_setups_and_name_the_points():
+    sweep = ('batch_size = [1]\nseq_len = [8]\nlora_r = [0, 4]\noptimizer = ["adamw", "sgd"]\n'
+             'world_size = [1, 2]\nsharding = ["ddp", "fsdp"]')
+    train = 'lora = { alpha = 32, targets = ["q_proj", "v_proj"] }'
+    s = parse_suite(suite_text(sweep=sweep, train=train), "x.toml")
+    names = sorted(c.strategy for c in s.cases)
+    # fsdp is left out on one rank (nothing to shard), as offload is without checkpointing
+    assert "none+fsdp2+lora4+sgd" in names and not any("fsdp" in n and "+ddp" in n for n in names)
+    assert sum(c.world_size == 1 for c in s.cases) == 4 and sum(c.world_size == 2 for c in s.cases) == 8
+    lora = next(c.setup.lora for c in s.cases if c.setup.lora)
+    assert (lora.r, lora.alpha, lora.targets, lora.dropout, lora.quantize) == (4, 32, ("q_proj", "v_proj"), 0.0, "")
+    assert not any(c.setup.lora for c in s.cases if "lora" not in c.strategy)
+
+
+def test_new_setup_fields_keep_old_ids_and_round_trip():
+    from ckptbench.spec import Case, Lora, Setup, TrainSpec
+
+    plain = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)
+    mixed = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32,
+                 setup=Setup(autocast="bf16", loop="trainer"))
+    # ids of points stored before the setup had adapters, sharding or an optimizer choice
+    assert (plain.id, mixed.id) == (ID_LLAMA_TINY_B2_S32, ID_LLAMA_TINY_B2_S32_BF16_TRAINER)
+    lora = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32,
+                setup=Setup(lora=Lora(r=8, targets=("q_proj",)), optimizer="sgd"))
+    assert lora.id != plain.id and Case.from_dict(lora.to_dict()) == lora
+    old = {**plain.to_dict(), "train": {**plain.to_dict()["train"], "optimizer": "adamw"}}
+    assert Case.from_dict(old) == plain  # a stored record's train table still names its optimizer
