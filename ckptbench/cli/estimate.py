@@ -11,7 +11,7 @@ import json
 
 from ..spec import ATTENTIONS, PRESETS, precision_name
 from ..theory import estimate as est_mod
-from .quick import add_precision_flags, precision_flag
+from .quick import add_precision_flags, precision_flag, train_lines
 
 GIB = 1024**3
 
@@ -104,7 +104,7 @@ def case_from_args(args: argparse.Namespace):
         ("dtype", args.dtype), ("precision", precision_flag(args)), ("attn", args.attn)) if v]
     text = "\n".join([
         f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model,
-        f'[train]\nloop = "{getattr(args, "loop", "manual")}"', "[sweep]",
+        "[train]", *train_lines(args), "[sweep]",
         f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", f"every_n_layers = [{args.every_n_layers}]",
         f"offload = [{'true' if args.offload else 'false'}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
     ])

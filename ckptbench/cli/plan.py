@@ -40,15 +40,20 @@ def parse_bytes(text: str) -> int:
 
 def _case(args):
     """A Case of the model and setup the flags describe, through the same rules as a suite file."""
+    from dataclasses import replace
+
     from ..suite import parse_suite
-    from .quick import model_flag, model_lines, precision_flag
+    from .quick import model_flag, model_lines, precision_flag, train_lines
 
     device = "cpu" if args.device == "cpu" else "cuda"
     text = (f'[suite]\ndevice = "{device}"\n[model]\n'
             + "\n".join(model_lines(args.model, layers=args.layers, dtype=args.dtype, attn=args.attn,
                                      precision=precision_flag(args)))
-            + f'\n[train]\nloop = "{args.loop}"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n')
-    return parse_suite(text, model_flag(args.model)).cases[0]
+            + "\n[train]\n" + "\n".join(train_lines(args))
+            + f"\n[sweep]\nbatch_size = [1]\nseq_len = [{args.seq}]\n")
+    case = parse_suite(text, model_flag(args.model)).cases[0]
+    # the planned step is one rank's; how the ranks share state rides on the setup
+    return replace(case, setup=replace(case.setup, sharding=args.sharding))
 
 
 def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
@@ -113,6 +118,11 @@ def assumptions(args):
     from ..run.calibration import read_calibration
     from ..theory import plan as planner
 
+    if args.sharding == "fsdp" and (args.world < 2 or args.local_sgd_steps):
+        raise UsageError("--sharding fsdp: shards state over --world N > 1 ranks that step together "
+                         "(no --local-sgd-steps)")
+    if args.sharding == "fsdp":
+        raise UsageError("--sharding fsdp: not planned by this version yet")
     case = _case(args)
     spec, compute = case.model, case.compute_dtype
     cal = read_calibration(args.calibration, args.verify)
@@ -133,12 +143,12 @@ def assumptions(args):
 
         a["peak_flops_per_s"], sources["peak_flops_per_s"] = calibration.cpu_matmul_rate(spec, args.seq, compute)
         return case, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
-    name = args.device.upper()
+    name = planner.CARDS[args.device][0]
     peak = planner.datasheet_peak(name, compute)
     a.update(memory_bytes=parse_bytes(args.memory) if args.memory else planner.DEVICE_MEMORY[args.device],
              device="cuda", device_name=name, reserved_margin=planner.CUDA_RESERVED_MARGIN,
              context_bytes=planner.CUDA_CONTEXT_BYTES, peak_flops_per_s=peak)
-    sources.update(memory_bytes="--memory" if args.memory else f"datasheet ({args.device})",
+    sources.update(memory_bytes="--memory" if args.memory else f"what torch sees on an {name}",
                    peak_flops_per_s=f"datasheet {name} {compute}" if peak else "unknown",
                    reserved_margin="default", context_bytes="default", link_bytes_per_s="default")
     if args.from_run:
@@ -229,8 +239,11 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
     p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
     p.add_argument("--seq", type=int, required=True, help="sequence length")
-    p.add_argument("--device", default="h100", choices=("cpu", "a100", "h100", "h200"),
-                   help="the card (its memory and peak FLOP/s), or cpu with --memory (default h100)")
+    from ..theory.plan import CARDS
+
+    p.add_argument("--device", default="h100", choices=("cpu", *CARDS),
+                   help="the card (the memory torch sees on it, its datasheet FLOP/s), or cpu with --memory "
+                        "(default h100; a100 is the 80 GB A100)")
     p.add_argument("--memory", help="memory to plan for, e.g. 80GiB (default: the card's)")
     p.add_argument("--layers", type=int, help="override the model's layer count")
     add_precision_flags(p)
@@ -245,6 +258,9 @@ def add_parser(sub) -> None:
                    help="data-parallel ranks: each holds the whole model and DDP's gradient buckets; tokens/s "
                         "is that of all ranks, with the gradient (or, with --local-sgd-steps, parameter) "
                         "all-reduce projected on --network")
+    p.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp",
+                   help="with --world: ddp (each rank holds the whole model) or fsdp (FSDP2: parameters, "
+                        "gradients and optimizer state sharded over the ranks); memory is per rank")
     p.add_argument("--local-sgd-steps", type=at_least_zero, default=0, metavar="K",
                    help="with --world: average parameters every K steps instead of gradients every step")
     from ..theory.network import LINKS

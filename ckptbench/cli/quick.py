@@ -12,7 +12,7 @@ import os
 import re
 
 from ..errors import UsageError
-from ..spec import LOOPS, PRECISIONS, PRESETS
+from ..spec import LOOPS, OPTIMIZERS, PRECISIONS, PRESETS
 
 # What a command that names no precision runs: what Trainer(bf16=True) / Accelerator(mixed_precision="bf16")
 # run, fp32 master weights with bf16 autocast; a suite file that names none keeps fp32, as before.
@@ -66,6 +66,38 @@ def add_precision_flags(p) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="a pure precision (alias of --precision)")
     p.add_argument("--loop", choices=LOOPS, default="manual",
                    help="the training loop: manual (default), trainer (transformers.Trainer), accelerate")
+    p.add_argument("--lora", type=_rank, metavar="R",
+                   help="LoRA adapters of rank R through peft on a frozen base (default: full fine-tuning)")
+    p.add_argument("--lora-targets", type=_targets, metavar="M,M,...",
+                   help="with --lora: the modules to adapt (default: peft's choice for the model type)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
+                   help="adamw (default: torch's AdamW), adamw-foreach, adamw-loop, sgd (momentum 0.9), "
+                        "adafactor (transformers'), adamw-8bit (bitsandbytes)")
+
+
+def _rank(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a LoRA rank is a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _targets(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", t)]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected module names such as q_proj,v_proj, got {text!r}")
+    return names
+
+
+def train_lines(args) -> list[str]:
+    """The [train] lines of the setup flags (--loop, --lora, --lora-targets, --optimizer)."""
+    lines = [f'loop = "{getattr(args, "loop", "manual")}"', f'optimizer = "{getattr(args, "optimizer", "adamw")}"']
+    if getattr(args, "lora_targets", None) and not getattr(args, "lora", None):
+        raise UsageError("--lora-targets: give the adapters' rank with --lora R")
+    if getattr(args, "lora", None):
+        targets = f", targets = {json.dumps(args.lora_targets)}" if args.lora_targets else ""
+        lines.append(f"lora = {{ r = {args.lora}{targets} }}")
+    return lines
 
 
 def run_name(model: str) -> str:
@@ -86,9 +118,9 @@ def suite_text(args) -> str:
     if args.offload:
         sweep.append("offload = [false, true]")
     device = f'device = "{args.device}"\n' if args.device else ""
-    loop = f'\n[train]\nloop = "{args.loop}"\n' if getattr(args, "loop", "manual") != "manual" else ""
+    train = "\n[train]\n" + "\n".join(train_lines(args)) + "\n"
     return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}"\n'
-            f"{device}\n[model]\n" + "\n".join(model) + "\n" + loop + "\n[sweep]\n" + "\n".join(sweep) + "\n")
+            f"{device}\n[model]\n" + "\n".join(model) + "\n" + train + "\n[sweep]\n" + "\n".join(sweep) + "\n")
 
 
 def add_arguments(p) -> None:

@@ -50,6 +50,8 @@ PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
     ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),  # dense tensor-core rates
+    ("RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "fp32": 82.6e12}),  # fp32 accumulate (as training runs)
 )
 
 

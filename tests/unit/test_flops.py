@@ -64,7 +64,9 @@ def test_peak_table_lookup_most_specific_first():
     assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == (989e12, "H100")
     assert flops.peak_flops("NVIDIA H100 PCIe", "fp32") == (51e12, "H100 PCIe")
     assert flops.peak_flops("NVIDIA A100-SXM4-80GB", "fp16") == (312e12, "A100")
-    assert flops.peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert flops.peak_flops("NVIDIA GeForce RTX 4090", "bf16") == (165.2e12, "RTX 4090")
+    assert flops.peak_flops("NVIDIA L40S", "fp32") == (91.6e12, "L40S")
+    assert flops.peak_flops("NVIDIA GeForce RTX 3090", "bf16") is None
     assert flops.peak_flops(None, "bf16") is None
 
 

@@ -40,3 +40,18 @@ def test_bad_values_are_one_line_exit_2(flags, reason, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and reason.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_every_planned_card_is_what_torch_sees_and_has_a_datasheet_rate():
+    from ckptbench.theory import plan as planner
+
+    gib = 2**30
+    # the marketed size is not the allocator's: an "80 GB" H100 is about 79.2 GiB, an H200 about 139.8 GiB
+    assert round(planner.DEVICE_MEMORY["h100"] / gib, 1) == 79.2
+    assert round(planner.DEVICE_MEMORY["h200"] / gib, 1) == 139.8
+    assert planner.DEVICE_MEMORY["h200"] != 141 * 10**9
+    for card, (name, memory) in planner.CARDS.items():
+        marketed = {"a100-40": 40, "a100": 80, "h100": 80, "h200": 141, "l40s": 48, "rtx4090": 24}[card]
+        # memory chips come in GiB; the driver keeps some of it back
+        assert 0.9 * marketed * 10**9 < memory < marketed * gib, card
+        assert planner.datasheet_peak(name, "bf16"), card
