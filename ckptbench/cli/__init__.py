@@ -1,4 +1,4 @@
-"""Command line: ``ckptbench sweep | status | env | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary``.
+"""Command line: ckptbench sweep | status | env | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary.
 
 Each command lives in its own module here (:mod:`.sweep`, :mod:`.report`, :mod:`.estimate`, :mod:`.gpu`)
 and registers its parser; this module only dispatches.
@@ -25,7 +25,10 @@ STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="ckptbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ckptbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from . import environment, estimate, gpu, models, plan, report, status, sweep
@@ -46,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `ckptbench models | head`: the reader left, nothing is wrong
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except SuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

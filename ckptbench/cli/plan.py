@@ -239,7 +239,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
     p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
     p.add_argument("--seq", type=int, required=True, help="sequence length")
-    from ..theory.plan import CARDS
+    from ..cards import CARDS
 
     p.add_argument("--device", default="h100", choices=("cpu", *CARDS),
                    help="the card (the memory torch sees on it, its datasheet FLOP/s), or cpu with --memory "

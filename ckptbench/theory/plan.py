@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..cards import CARDS
 from ..spec import Case, Setup, TrainSpec, checkpointing_name
 from .estimate import estimate_case
 from .extrapolate import NotAffine, patterns
@@ -30,19 +31,6 @@ EFFICIENCY = 0.40  # achieved / datasheet FLOP/s of a training step, until calib
 HOST_LINK_BYTES_PER_S = 20e9  # pinned host<->device copies, each way, until calibrated
 MAX_BATCH = 1 << 16
 # Datasheet memory of the cards `--device` names (bytes).
-# --device name -> (the name torch reports, the memory torch sees: get_device_properties().total_memory).  A
-# card's marketed "80 GB" is not what an allocator can have: these are the totals torch printed on real cards
-# in public logs (in MiB, as torch prints them; the A100 80 GB from its out-of-memory message, 79.15 GiB);
-# they vary by a few MiB with the driver.  An "80 GB" H100 is 79.19 GiB, an H200 139.80 GiB, not 141e9 bytes.
-MIB = 2**20
-CARDS = {
-    "a100-40": ("NVIDIA A100-SXM4-40GB", 40536 * MIB),
-    "a100": ("NVIDIA A100-SXM4-80GB", 81050 * MIB),
-    "h100": ("NVIDIA H100 80GB HBM3", 81089 * MIB),
-    "h200": ("NVIDIA H200", 143156 * MIB),
-    "l40s": ("NVIDIA L40S", 45589 * MIB),
-    "rtx4090": ("NVIDIA GeForce RTX 4090", 24563 * MIB),
-}
 DEVICE_MEMORY = {name: memory for name, (_, memory) in CARDS.items()}
 
 

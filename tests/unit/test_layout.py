@@ -23,6 +23,8 @@ RANKS = {
     "__init__": 0, "errors": 0, "spec": 0, "env": 0,  # what a point is
     "configs": 0.5,  # a user's config.json, hub name or model_type to ModelSpec values
     "corpus": 0.5,  # the text a point learns from: stdlib, a file, a datasets cache entry, as bytes
+    "cards": -0.5,  # the GPUs plan knows by name, with the memory torch sees on them
+    "preset_sizes": -0.5,  # each preset's parameter count, as transformers builds it
     "runsetup": -0.5,  # how a point is trained: precision, loop, adapters, sharding, optimizer
     "suitekeys": 0.75,  # the keys a suite file may hold, and the checker that names a wrong one
     "suitesetup": 0.8,  # the [train] table and the setup axes to Setups

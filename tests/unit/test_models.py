@@ -81,3 +81,18 @@ def test_estimate_of_a_model_without_an_analytic_estimate_is_its_simulated_step(
     lines = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()[1:]}
     assert float(lines["params_bytes"]) == round(7_241_732_096 * 2 / 2**30, 3)  # bf16 weights
     assert float(lines["checkpointed_input_bytes"]) == 0.25  # 32 layers x 1 x 1024 x 4096 x 2 bytes
+
+
+def test_the_listed_preset_sizes_are_those_of_the_built_models():
+    """`ckptbench models` lists sizes without building anything: the table must be the built models'."""
+    import torch
+
+    from ckptbench.preset_sizes import PARAMS
+    from ckptbench.spec import PRESETS, preset
+    from ckptbench.train.models import build_model
+
+    assert set(PARAMS) == set(PRESETS), "run scripts/preset_sizes.py after adding or removing a preset"
+    for name in PRESETS:
+        with torch.device("meta"):
+            model = build_model(preset(name), "meta")
+        assert PARAMS[name] == sum(p.numel() for p in model.parameters()), f"{name}: run scripts/preset_sizes.py"
