@@ -16,10 +16,20 @@ import torch
 
 
 def checkpointing_api() -> str:
-    """The method :func:`.checkpointing.enable_checkpointing` calls with this transformers."""
-    from transformers import PreTrainedModel
+    """The method :func:`.checkpointing.enable_checkpointing` calls with this transformers.
 
-    prefix = "activation" if hasattr(PreTrainedModel, "activation_checkpointing_enable") else "gradient"
+    Read from the installed ``modeling_utils.py`` rather than by importing transformers (seconds): the
+    method is defined there or not at all.  A worker's record states the method it really called."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("transformers")
+    source = pathlib.Path(spec.origin).with_name("modeling_utils.py") if spec and spec.origin else None
+    try:
+        text = source.read_text(encoding="utf-8") if source else ""
+    except OSError:
+        text = ""
+    prefix = "activation" if "def activation_checkpointing_enable(" in text else "gradient"
     return f"{prefix}_checkpointing_enable"
 
 

@@ -96,3 +96,13 @@ def test_the_listed_preset_sizes_are_those_of_the_built_models():
         with torch.device("meta"):
             model = build_model(preset(name), "meta")
         assert PARAMS[name] == sum(p.numel() for p in model.parameters()), f"{name}: run scripts/preset_sizes.py"
+
+
+def test_the_checkpointing_method_read_from_the_source_is_the_one_the_class_has():
+    from transformers import PreTrainedModel
+
+    from ckptbench.train.environment import checkpointing_api
+
+    assert hasattr(PreTrainedModel, checkpointing_api())
+    assert (checkpointing_api() == "activation_checkpointing_enable") == hasattr(
+        PreTrainedModel, "activation_checkpointing_enable")
