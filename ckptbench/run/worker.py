@@ -24,6 +24,7 @@ from ..measure.timing import StepStats, timer_for
 from ..spec import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
+from ..train.adapters import adapter_facts, base_parameter_count, with_adapters
 from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step
@@ -145,6 +146,10 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         refusal = setup_refusal(case)
         if refusal:
             raise Unsupported(refusal)
+        try:
+            model = with_adapters(model, case.setup.lora)  # checkpointing is switched on after, by the loop
+        except ValueError as exc:  # peft's: a target module the model does not have
+            raise Unsupported(f"peft could not add LoRA adapters to {type(model).__name__}: {exc}"[:500]) from None
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         try:
             loop = loop_for(case, model, batch)
@@ -187,7 +192,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "model_build_s": t_ready - t_enter,
         "offload_pinned": offload_pinned,
         "offload_note": offload_note,
-        "n_params": sum(p.numel() for p in model.parameters()),
+        "n_params": base_parameter_count(model),  # the model's own, as its config gives them: adapters apart
+        **adapter_facts(model),  # trainable_params; with adapters, peft's resolved targets
         # every key the model was built with, defaults included, through transformers' own serialiser
         "resolved_config": json.loads(model.config.to_json_string(use_diff=False)),
         # the config the Case asks for and its parameter count, built apart from the builder (meta device)

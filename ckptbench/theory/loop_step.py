@@ -35,7 +35,7 @@ class LoopStep:
 
     def optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
         if self.loop != "trainer":
-            return torch.optim.AdamW(model.parameters(), lr=lr)
+            return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
         from transformers import Trainer
 
         decay = set(Trainer.get_decay_parameter_names(None, model))

@@ -29,6 +29,7 @@ from ..measure.flops import FlopCounter
 from ..measure.saved import LayerProbe
 from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
 from ..spec import ModelSpec, Setup
+from ..train.adapters import with_adapters
 from ..train.checkpointing import decoder_layers, enable_checkpointing
 from ..train.models import build_model
 from ..train.precision import AUTOCAST_DTYPES
@@ -129,6 +130,8 @@ def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
     """
     for group in optimizer.param_groups:
         for p in group["params"]:
+            if not p.requires_grad:  # a frozen parameter gets no gradient, so its first step makes no state
+                continue
             optimizer.state[p] = {
                 "step": torch.tensor(0.0, dtype=torch.float32),
                 "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
@@ -150,6 +153,8 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     t0 = time.perf_counter()
     with torch.device("meta"):
         model = build_model(spec, device="meta")
+        # LoRA: peft wraps the meta model as the worker wraps the real one (adapters made on meta too)
+        model = with_adapters(model, setup.lora if setup else None)
     enable_checkpointing(model, every_n_layers, offload=False)
     layers = decoder_layers(model)
     ckpt_idx = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
@@ -211,7 +216,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         params_bytes = tr.by_category["params"]
         optimizer_bytes = tr.by_category["optimizer"]
         grad_hooks = [p.register_post_accumulate_grad_hook(lambda p: tr.track(p.grad, "grads"))
-                      for p in model.parameters()]
+                      for p in model.parameters() if p.requires_grad]
         tr.phase = tr.moment = "forward"
         tr.reset_peak()
         flops = FlopCounter() if count_flops else _NoCount()

@@ -56,7 +56,7 @@ class ManualLoop:
     def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
         self.case, self.model, self.batch = case, model, batch
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=case.train.lr)
         self.amp = Amp.of(case)
 
     def run(self, schedule) -> None:
@@ -84,7 +84,7 @@ class AccelerateLoop:
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
         self.accelerator = Accelerator(mixed_precision=ACCELERATE_PRECISION[case.setup.autocast],
                                        gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=case.train.lr)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=case.train.lr)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     def _micro(self, marks=None) -> torch.Tensor:

@@ -18,10 +18,23 @@ def refusal(case: Case) -> str | None:
         return ("fp16 mixed precision is not run on CPU: accelerate and Trainer do not autocast or scale fp16 "
                 "there (the point would silently train in fp32), and CPU fp16 matmuls use scratch buffers the "
                 "exact memory tracker cannot see; bf16-mixed runs on CPU, fp16-mixed on CUDA")
-    if setup.lora is not None:
-        return "LoRA adapters are not built by this version of ckptbench yet"
+    if setup.lora is not None and setup.lora.quantize:
+        return qlora_refusal(setup.lora.quantize)
+    if setup.lora is not None and case.world_size > 1:
+        return "LoRA adapters on more than one rank are not built by this version of ckptbench yet"
     if setup.sharding != "ddp":
         return f"sharding {setup.sharding!r} is not built by this version of ckptbench yet"
     if setup.optimizer != "adamw":
         return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
     return None
+
+
+def qlora_refusal(quantize: str) -> str:
+    """Why a QLoRA point (the frozen base quantized, e.g. NF4) is not run: ckptbench does not depend on
+    bitsandbytes, and does not build the quantized base yet where it is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return (f"QLoRA ({quantize}) needs bitsandbytes' 4-bit layers, and bitsandbytes is not installed here "
+                "(ckptbench does not depend on it)")
+    return f"QLoRA ({quantize}): the 4-bit base through bitsandbytes is not built by this version of ckptbench yet"
