@@ -20,8 +20,6 @@ def refusal(case: Case) -> str | None:
                 "exact memory tracker cannot see; bf16-mixed runs on CPU, fp16-mixed on CUDA")
     if setup.lora is not None:
         return "LoRA adapters are not built by this version of ckptbench yet"
-    if setup.sharding != "ddp":
-        return f"sharding {setup.sharding!r} is not built by this version of ckptbench yet"
     if setup.optimizer != "adamw":
         return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
     return None
