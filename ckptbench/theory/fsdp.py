@@ -103,10 +103,13 @@ def fsdp_memory_estimate(case: Case) -> dict:
 
     Peak, for each moment φ of the single-process estimate of the rank's micro-batch
     (:func:`ckptbench.theory.estimate.estimate`): ``peak_params_bytes + optimizer_bytes + activations(φ)
-    + grads(φ) / N``, and in backward one more unsharded layer: the padded full-size gradient a finished
-    unit hands to its reduce-scatter, alive while the next layer's backward runs.  Not modelled: where
-    inside a layer's backward that buffer is freed, and the all-gather's flat output buffer (freed once
-    copied into the parameters), hence :data:`PEAK_TOLERANCE`.
+    + grads(φ) / N`` (the gradients of the units already reduce-scattered are shards), and in a layer's
+    backward two more unsharded layers: that layer's own full-size gradients, and the padded full-size
+    gradient the unit finished before it hands to its reduce-scatter (``chunk_cat``'s output, held until
+    the collective completes).  Not modelled: where inside a layer's backward those buffers come and go
+    (the estimate's partial gradients of the current layer are divided by N here, though they are not
+    sharded yet), and the all-gather's flat output buffer (freed once copied into the parameters), hence
+    :data:`PEAK_TOLERANCE`.
     """
     from dataclasses import replace
 
@@ -126,8 +129,8 @@ def fsdp_memory_estimate(case: Case) -> dict:
     for name, at in single.phases.items():
         if name == "optimizer":
             continue  # no unsharded parameter then; the backward moments are larger on every point here
-        scatter = unsharded_layer if name.startswith("backward-layer") else 0
-        phases[name] = in_flight + optimizer + at["activations"] + at["grads"] // n + scatter
+        layer_grads = 2 * unsharded_layer if name.startswith("backward-layer") else 0
+        phases[name] = in_flight + optimizer + at["activations"] + at["grads"] // n + layer_grads
     peak_phase = max(phases, key=phases.get)
     return {
         "source": "analytic-fsdp",

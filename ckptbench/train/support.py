@@ -20,6 +20,12 @@ def refusal(case: Case) -> str | None:
                 "exact memory tracker cannot see; bf16-mixed runs on CPU, fp16-mixed on CUDA")
     if setup.lora is not None:
         return "LoRA adapters are not built by this version of ckptbench yet"
+    if setup.sharding == "fsdp" and setup.autocast:
+        return ("fsdp points run in a pure precision: FSDP2's MixedPrecisionPolicy is not built by this "
+                "version of ckptbench")
+    if setup.sharding == "fsdp" and setup.loop != "manual":
+        return (f"fsdp points run the plain FSDP2 loop; the {setup.loop} loop over fully_shard is not built "
+                "by this version of ckptbench")
     if setup.optimizer != "adamw":
         return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
     return None
