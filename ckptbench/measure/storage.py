@@ -5,6 +5,19 @@ and in-place results share their base's storage, so nothing is counted twice) an
 storage is freed (a ``weakref.finalize`` on the storage's Python object, which torch keeps alive exactly
 as long as the C++ storage).  The same tracker serves the CPU memory probe, the local-SGD forward meter
 and the FakeTensor simulation, so all three count bytes by one rule.
+
+Two things a tracker keyed on storage creation would miss, both met under FSDP2 (``fully_shard``):
+
+* tensor subclasses that wrap other tensors (DTensor: FSDP2's sharded parameters, their gradients and
+  AdamW's state): the wrapper's own storage is a placeholder the size of the *global* tensor; the bytes
+  live in the wrapped local tensor.  Every tensor is counted through :func:`plain_tensors`, which flattens
+  wrappers (``__tensor_flatten__``) down to the tensors that own memory.
+* storages resized in place: FSDP2 frees an unsharded parameter with ``untyped_storage().resize_(0)`` and
+  brings it back with ``resize_(nbytes)``.  ``UntypedStorage.resize_`` does not pass through torch's
+  dispatcher (a dispatch mode sees no ``aten.resize_``), so while a tracker is entered the method is
+  wrapped and every resize changes the storage's entry by the bytes it added or removed.  Verified on
+  llama-tiny, world 2 on gloo: without it the tracker never sees the unsharded weights of a layer in
+  flight (147,968 B a layer per rank); with it the tracker ends each step at the bytes it began with.
 """
 
 from __future__ import annotations
@@ -12,10 +25,21 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 CATEGORIES = ("params", "grads", "optimizer", "activations")
+
+
+def plain_tensors(t: torch.Tensor):
+    """The tensors that own `t`'s memory: `t` itself, or what a wrapper subclass (DTensor) wraps."""
+    if is_traceable_wrapper_subclass(t):
+        for name in t.__tensor_flatten__()[0]:
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # DTensor also names its device mesh
+                yield from plain_tensors(inner)
+    else:
+        yield t
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -85,9 +109,17 @@ class LiveStorageTracker(TorchDispatchMode):
         self.moment_traces: dict[str, list[int]] = {}
         self.host = 0  # bytes moved off the device (see to_host): alive, but not in total
         self.resident_peak = 0  # the peak of total + host: everything alive, wherever it lives
+        # the category of a storage first seen when it is resized to a size above zero (FSDP2 regrowing a
+        # parameter it freed before the tracker was entered: the caller that knows says "params")
+        self.resize_category = "activations"
+        self._resize_original = None
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
+        for t in plain_tensors(tensor):
+            self._track_plain(t, category)
+
+    def _track_plain(self, tensor: torch.Tensor, category: str) -> None:
         key = storage_key(tensor)
         if key is None:
             return
@@ -157,12 +189,54 @@ class LiveStorageTracker(TorchDispatchMode):
         self.peak_breakdown = dict(self.by_category)
         self.peak_phase = self.phase
 
+    def resized(self, storage, nbytes: int) -> None:
+        """A storage was resized in place to `nbytes`: its entry grows or shrinks by the difference (an
+        unknown storage grown from nothing is registered under :attr:`resize_category`)."""
+        if storage.device.type == "meta":
+            return
+        key = storage._cdata
+        entry = self._live.get(key)
+        if entry is None:
+            if nbytes == 0:
+                return
+            entry = self._live[key] = [0, self.resize_category]
+            weakref.finalize(storage, self._free, key)
+        delta = nbytes - entry[0]
+        entry[0] = nbytes
+        if entry[1] == "host":
+            self.host += delta
+        else:
+            self.by_category[entry[1]] += delta
+            self.total += delta
+        if delta > 0:
+            self._note_peak()
+
     # -- dispatch -----------------------------------------------------------------------------------
+    def __enter__(self):
+        original = self._resize_original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage, size):
+            out = original(storage, size)
+            tracker.resized(storage, int(size))
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._resize_original is not None:
+            torch.UntypedStorage.resize_ = self._resize_original
+            self._resize_original = None
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and storage_key(t) not in self._live:
-                self.track(t, "activations")
+            if isinstance(t, torch.Tensor):
+                for inner in plain_tensors(t):
+                    if storage_key(inner) not in self._live:
+                        self._track_plain(inner, "activations")
         return out
 
 

@@ -250,4 +250,38 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "sync_impl": r0["sync_impl"],
         "world_size_seen": r0["world_size"],
         "distributed": data,
+        **(fsdp_measurement(data) if case.setup.sharding == "fsdp" else {}),
+    }
+
+
+def fsdp_measurement(data: dict) -> dict:
+    """An fsdp point's own figures: what each rank all-gathered and reduce-scattered over the run, and
+    each rank's memory on the first memory step (exact live storages on CPU; rank 0's also as the record's
+    top-level memory keys)."""
+    s = data["summary"]
+    ranks = data["ranks"]
+    memory = [r["memory"][0] if r["memory"] else {} for r in ranks]
+    return {
+        "allgather_payload_bytes": s["allgather_payload_bytes_per_rank"][0],
+        "allgather_payload_bytes_per_rank": s["allgather_payload_bytes_per_rank"],
+        "allgather_count": s["allgather_count"],
+        "reduce_scatter_payload_bytes": s["reduce_scatter_payload_bytes_per_rank"][0],
+        "reduce_scatter_payload_bytes_per_rank": s["reduce_scatter_payload_bytes_per_rank"],
+        "reduce_scatter_count": s["reduce_scatter_count"],
+        "local_params_bytes_per_rank": [r["local_param_bytes"] for r in ranks],
+        "local_optimizer_bytes_per_rank": [r["local_optimizer_bytes"] for r in ranks],
+        "peak_bytes_per_rank": [m.get("peak_bytes") for m in memory],
+        "peak_phase_per_rank": [m.get("peak_phase") for m in memory],
+        "peak_breakdown_per_rank": [m.get("peak_breakdown") for m in memory],
+        "allocator_growth_bytes_per_rank": [m.get("allocator_growth_bytes") for m in memory],
+        "tracked_start_bytes_per_rank": [m.get("tracked_start_bytes") for m in memory],
+        # exact on CPU only: the CUDA probe sizes a DTensor by its global placeholder storage
+        **({"rank_params_bytes": memory[0].get("params_bytes"),
+            "rank_optimizer_bytes": memory[0].get("optimizer_bytes"),
+            "peak_params_bytes": (memory[0].get("peak_breakdown") or {}).get("params")}
+           if ranks[0]["memory_meter"] == "CpuMemoryProbe" else {}),
+        "peak_bytes": memory[0].get("peak_bytes"),
+        "peak_phase": memory[0].get("peak_phase"),
+        "peak_breakdown": memory[0].get("peak_breakdown"),
+        "memory_meter": ranks[0]["memory_meter"],
     }

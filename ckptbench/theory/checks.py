@@ -256,7 +256,15 @@ def phase_checks(m: dict, est: Estimate, tol: Tolerances) -> list[Check]:
 
 
 def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
-    """All-reduce payload and count of one rank over the run, against the formula (exact)."""
+    """All-reduce payload and count of one rank over the run, against the formula (exact).  An fsdp point:
+    its all-gathers and reduce-scatters (exact) and rank 0's memory (:func:`.fsdp.fsdp_predictions`)."""
+    if case.setup.sharding == "fsdp":
+        from .fsdp import fsdp_predictions
+
+        if not case.model.analytic:  # no unit layout without the family's parameter shapes: unchecked
+            return {}, [judge("allgather_payload_bytes", None, None)]
+        est, rows = fsdp_predictions(case)
+        return est, [judge(name, m.get(key), expected, tol) for name, key, expected, tol in rows]
     n_params = param_count(case.model)
     param_bytes = n_params.total * DTYPES[case.model.dtype]
     est = comm_estimate(param_bytes, param_bytes, case.train.warmup_steps + case.train.steps,

@@ -22,8 +22,12 @@ def refusal(case: Case) -> str | None:
         return qlora_refusal(setup.lora.quantize)
     if setup.lora is not None and case.world_size > 1:
         return "LoRA adapters on more than one rank are not built by this version of ckptbench yet"
-    if setup.sharding != "ddp":
-        return f"sharding {setup.sharding!r} is not built by this version of ckptbench yet"
+    if setup.sharding == "fsdp" and setup.autocast:
+        return ("fsdp points run in a pure precision: FSDP2's MixedPrecisionPolicy is not built by this "
+                "version of ckptbench")
+    if setup.sharding == "fsdp" and setup.loop != "manual":
+        return (f"fsdp points run the plain FSDP2 loop; the {setup.loop} loop over fully_shard is not built "
+                "by this version of ckptbench")
     if setup.optimizer != "adamw":
         return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
     return None

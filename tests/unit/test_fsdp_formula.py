@@ -1,0 +1,73 @@
+"""The FSDP2 formulas against counts worked out by hand (tests/e2e/test_fsdp.py holds them to a real run)."""
+
+import pytest
+
+from ckptbench.spec import PRESETS, Case, Setup, TrainSpec, preset
+from ckptbench.theory.fsdp import (
+    fsdp_case_comm,
+    fsdp_comm_estimate,
+    fsdp_memory_estimate,
+    shard_elements,
+    unit_shapes,
+    unit_shard_bytes,
+)
+from ckptbench.theory.params import param_count
+
+
+def test_shards_pad_dim0_to_a_multiple_of_the_world():
+    assert shard_elements((64, 64), 2) == 32 * 64
+    assert shard_elements((64, 64), 3) == 22 * 64  # ceil(64 / 3) = 22 rows on every rank
+    assert shard_elements((32, 64), 3) == 11 * 64
+    assert shard_elements((64,), 3) == 22
+    assert shard_elements((2, 5), 4) == 5  # fewer rows than ranks: one padded row each
+
+
+def test_llama_tiny_world_2_by_hand():
+    # a layer: q 64x64, k 32x64, v 32x64, o 64x64, gate/up 128x64, down 64x128, two norms of 64
+    layer = 4096 + 2048 + 2048 + 4096 + 8192 + 8192 + 8192 + 64 + 64  # 36,992 elements
+    root = 256 * 64 + 64 + 256 * 64  # embedding, final norm, untied LM head: 32,832 elements
+    est = fsdp_comm_estimate(preset("llama-tiny"), 2, iterations=1)
+    assert est["layer_shard_bytes"] == layer // 2 * 4 == 73_984
+    assert est["root_shard_bytes"] == root // 2 * 4 == 65_664
+    assert est["allgather_payload_bytes"] == 2 * 4 * 73_984 + 65_664 == 657_536
+    assert est["allgather_count"] == 9
+    assert est["reduce_scatter_payload_bytes"] == 2 * (4 * 73_984 + 65_664) == 723_200
+    assert est["reduce_scatter_count"] == 5
+    assert est["allgather_bus_bytes"] == 657_536  # (n - 1) x the per-rank input
+    assert est["reduce_scatter_bus_bytes"] == 723_200 / 2
+
+
+def test_llama_tiny_world_3_pads():
+    # ceil(64/3)=22, ceil(32/3)=11, ceil(128/3)=43 rows
+    layer = 22 * 64 + 11 * 64 + 11 * 64 + 22 * 64 + 43 * 64 + 43 * 64 + 22 * 128 + 22 + 22  # 12,588
+    root = 86 * 64 + 22 + 86 * 64  # 11,030
+    shard = unit_shard_bytes(preset("llama-tiny"), 3)
+    assert shard == {"layer": layer * 4, "root": root * 4} == {"layer": 50_352, "root": 44_120}
+    est = fsdp_comm_estimate(preset("llama-tiny"), 3, iterations=2)
+    assert est["allgather_payload_bytes"] == 2 * (8 * 50_352 + 44_120)
+    # the reduce-scatter input is the padded full gradient: 3 shards a unit, more than the unpadded model
+    assert est["reduce_scatter_payload_bytes"] == 2 * 3 * (4 * 50_352 + 44_120) == 1_473_168
+    assert est["reduce_scatter_payload_bytes"] > 2 * 4 * param_count(preset("llama-tiny")).total
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if preset(n).analytic])
+def test_units_hold_every_parameter(name):
+    spec = preset(name)
+    shapes = unit_shapes(spec)
+    total = spec.layers * sum(shard_elements(s, 1) for s in shapes["layer"]) + \
+        sum(shard_elements(s, 1) for s in shapes["root"])
+    counts = param_count(spec)
+    assert total == counts.total
+    assert spec.layers * len(shapes["layer"]) + len(shapes["root"]) == counts.n_tensors
+
+
+def test_case_counts_every_micro_batch_and_the_memory_parts():
+    train = TrainSpec(warmup_steps=1, memory_steps=1, steps=2)
+    case = Case(model=preset("llama-tiny"), train=train, batch_size=2, seq_len=32, grad_accum=2, world_size=2,
+                setup=Setup(sharding="fsdp"))
+    assert fsdp_case_comm(case)["allgather_count"] == 9 * 4 * 2
+    mem = fsdp_memory_estimate(case)
+    assert mem["params_bytes"] == 4 * 73_984 + 65_664 + 64  # shards + the two rotary buffers (not sharded)
+    assert mem["optimizer_bytes"] == 2 * (4 * 73_984 + 65_664) + 4 * 39  # two moments + a step per tensor
+    assert mem["peak_params_bytes"] == mem["params_bytes"] + 2 * 65_664 + 2 * 73_984
+    assert mem["peak_bytes"] == max(mem["phases"].values())
