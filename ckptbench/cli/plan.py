@@ -64,6 +64,14 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
     from ..theory import plan as planner
 
     setup = setup or Setup()
+    if a.sharding == "fsdp":
+        from dataclasses import replace
+
+        if not analytic_point(spec, replace(setup, sharding="ddp"), a.device) or force_simulation:
+            raise UsageError("--sharding fsdp is planned from the analytic estimate of one rank: llama, qwen2 or "
+                             "gpt2 shapes in a pure precision (--precision bf16 or fp32) under the manual loop, "
+                             "full fine-tuning with AdamW")
+        return planner.ShardedAnalytic(a.world)
     if analytic_point(spec, setup, a.device) and not force_simulation:
         return planner.Analytic()
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
@@ -121,15 +129,16 @@ def assumptions(args):
     if args.sharding == "fsdp" and (args.world < 2 or args.local_sgd_steps):
         raise UsageError("--sharding fsdp: shards state over --world N > 1 ranks that step together "
                          "(no --local-sgd-steps)")
-    if args.sharding == "fsdp":
-        raise UsageError("--sharding fsdp: not planned by this version yet")
     case = _case(args)
     spec, compute = case.model, case.compute_dtype
     cal = read_calibration(args.calibration, args.verify)
     sources = {"efficiency": "default"}
     a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
-         "network": args.network}
-    if args.world > 1:
+         "network": args.network, "sharding": args.sharding}
+    if args.world > 1 and args.sharding == "fsdp":
+        sources["network"] = (f"{args.world} ranks, FSDP2: each layer all-gathered twice and reduce-scattered once "
+                              f"a step on {args.network} (alpha-beta projection, added to compute)")
+    elif args.world > 1:
         sync = f"local SGD every {args.local_sgd_steps} steps" if args.local_sgd_steps else "DDP every step"
         sources["network"] = (f"{args.world} ranks, {sync}: ring all-reduce on {args.network} "
                               "(alpha-beta projection, added to compute)")
@@ -175,6 +184,7 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
 
     gib = 2**30
     ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""
+    ranks += ", FSDP2: memory per rank" if a.sharding == "fsdp" else ""
     lines = [f"{run_label(case)} at seq {seq}, "
              f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
              f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]

@@ -15,13 +15,14 @@ output and replaced by measured values when a calibration gives them.  On CPU no
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..cards import CARDS
 from ..spec import Case, Setup, TrainSpec, checkpointing_name
 from .estimate import estimate_case
 from .extrapolate import NotAffine, patterns
 from .flops import hardware_flops_per_token, peak_flops
+from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 from .network import LINKS, allreduce_s
 from .offload import offload_bound_s
 
@@ -52,6 +53,9 @@ class Assumptions:
     world: int = 1
     local_sgd_steps: int = 0
     network: str = "NVLink"
+    # ddp: every rank the whole model (+ DDP's buckets); fsdp: FSDP2, each rank's memory as theory/fsdp.py
+    # composes it, the all-gathers and reduce-scatters projected on the link
+    sharding: str = "ddp"
 
     def needed(self, peak: int) -> int:
         """Device memory a step with this estimated peak needs."""
@@ -102,19 +106,46 @@ class Analytic:
                 hardware_flops_per_token(case.model, case.seq_len, 0) * tokens)
 
 
+class ShardedAnalytic(Analytic):
+    """One FSDP2 rank's peak (:func:`.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
+    layers in flight, the activations of its micro-batch; within :data:`.fsdp.PEAK_TOLERANCE` of what was
+    measured on CPU) for the families and precisions the analytic estimate describes."""
+
+    source = "analytic estimate, one FSDP2 rank (theory/fsdp.py)"
+
+    def __init__(self, world: int):
+        self.world = world
+
+    def _sharded(self, case: Case) -> Case:
+        return replace(case, world_size=self.world, setup=replace(case.setup, sharding="fsdp"))
+
+    def peak(self, case: Case) -> int:
+        return fsdp_memory_estimate(self._sharded(case))["peak_bytes"]
+
+    def collectives(self, case: Case) -> tuple[int, float]:
+        """(collectives, bus bytes) of one optimizer step: the all-gathers and reduce-scatters."""
+        comm = fsdp_comm_estimate(case.model, self.world, case.grad_accum)
+        return (comm["allgather_count"] + comm["reduce_scatter_count"],
+                comm["allgather_bus_bytes"] + comm["reduce_scatter_bus_bytes"])
+
+
 def _fits(case: Case, a: Assumptions, predict) -> tuple[bool, int]:
     peak = predict.peak(case)
-    if a.world > 1:  # DDP keeps a bucket per gradient byte (gradient_as_bucket_view off, its default)
+    if a.world > 1 and a.sharding == "ddp":  # DDP keeps a bucket per gradient byte (gradient_as_bucket_view off)
         peak += predict.params_bytes(case)
     return a.needed(peak) <= a.memory_bytes, peak
 
 
 def comm_seconds(case: Case, a: Assumptions, predict) -> float:
-    """Ring all-reduce time per optimizer step on the named link: the gradients every step (DDP) or the
-    parameters every K steps (local SGD), added to compute (a projection, not overlapped)."""
+    """Collective time per optimizer step on the named link, added to compute (a projection, not
+    overlapped): DDP's ring all-reduce of the gradients every step, local SGD's of the parameters every K
+    steps, or FSDP2's all-gathers and reduce-scatters."""
     if a.world < 2:
         return 0.0
     link = next(k for k in LINKS if k.name == a.network)
+    if a.sharding == "fsdp":
+        collectives, bus = predict.collectives(case)
+        return collectives * (a.world - 1) * link.latency_s + bus / link.bandwidth_Bps
     seconds = allreduce_s(predict.params_bytes(case), a.world, link)
     return seconds / a.local_sgd_steps if a.local_sgd_steps else seconds
 
@@ -212,10 +243,16 @@ def nothing_fits(model, seq: int, a: Assumptions, predict, setup: Setup = Setup(
     off = a.device == "cuda"
     case = Case(model=model, train=train or TrainSpec(), batch_size=1, seq_len=seq, every_n_layers=1, offload=off,
                 device=a.device, setup=setup)
-    peak = predict.peak(case) + (predict.params_bytes(case) if a.world > 1 else 0)
+    peak = _fits(case, a, predict)[1]
+    budget = a.memory_bytes - a.context_bytes
+    if setup.lora or setup.optimizer != "adamw" or a.sharding != "ddp":
+        return (f"nothing fits: even full checkpointing{'+offload' if off else ''} at batch 1 and seq {seq} peaks "
+                f"at {peak / gib:.1f} GiB ({a.needed(peak) / gib:.1f} GiB with the allocator's reserve and context) "
+                f"on {a.memory_bytes / gib:.1f} GiB: a shorter sequence"
+                + (", more ranks" if a.sharding == "fsdp" else ", sharding the state (FSDP)")
+                + (", a smaller adapter rank" if setup.lora else ", LoRA adapters") + " or a larger card")
     weights = predict.params_bytes(case)
     state = 4 * weights  # weights + gradients + exp_avg + exp_avg_sq
-    budget = a.memory_bytes - a.context_bytes
     head = (f"nothing fits: even full checkpointing{'+offload' if off else ''} at batch 1 and seq {seq} peaks at "
             f"{peak / gib:.1f} GiB ({a.needed(peak) / gib:.1f} GiB with the allocator's reserve and context) on "
             f"{a.memory_bytes / gib:.1f} GiB. Weights {weights / gib:.1f} GiB + gradients {weights / gib:.1f} + "

@@ -1,0 +1,71 @@
+"""The planner's answers for adapters and for sharded state, against runs that really happen on CPU: the
+largest batch it allows runs within the budget, and one more does not."""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import pytest
+
+from ckptbench.run.launch import flatten_measurement, run_distributed_cases
+from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.spec import Case, Lora, Setup, TrainSpec, preset
+from ckptbench.store.records import load_records
+from ckptbench.suite import load_suite
+from ckptbench.theory.extrapolate import Simulated, extrapolation
+from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+SEQ = 128
+LORA_BUDGET_GIB = 0.03
+
+
+def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite):
+    """llama-small with r = 8 adapters, planned from the few-layer simulation of the peft-wrapped step."""
+    spec, setup = preset("llama-small"), Setup(lora=Lora(r=8))
+    a = Assumptions(int(LORA_BUDGET_GIB * 2**30), "cpu")
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
+        simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map,
+                                            setup=setup))
+    options = {o.every_n_layers: o.max_batch for o in plan(spec, SEQ, a, TrainSpec(), predict=simulated, setup=setup)
+               if not o.offload}
+    checked = {n: options[n] for n in (0, 1)}
+    assert all(b >= 1 for b in checked.values()) and checked[1] > checked[0]
+    batches = sorted({b + k for b in checked.values() for k in (0, 1)})
+    suite = load_suite(write_suite(
+        f'[suite]\nname = "plan-lora"\nmemory_budget_gib = {LORA_BUDGET_GIB}\n'
+        '[model]\npreset = "llama-small"\nattn = "eager"\n'
+        "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\nlora = { r = 8 }\n"
+        f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = [0, 1]\n"))
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]
+              for r in load_records(str(tmp_path / "run")).records}
+    for n, b in checked.items():
+        assert status[(n, b)] == "ok", (n, b, status)
+        assert status[(n, b + 1)] == "over_budget", (n, b + 1, status)
+
+
+def test_the_largest_fsdp_batch_per_rank_the_planner_allows_is_the_largest_that_fits(tmp_path):
+    """llama-tiny over two FSDP2 ranks (gloo): the per-rank estimate's largest batch under a budget set
+    between its predictions for batch 4 and 5 runs within it on each rank, and batch 5 does not."""
+    spec, train = preset("llama-tiny"), TrainSpec(warmup_steps=1, memory_steps=1, steps=1)
+    predict = ShardedAnalytic(2)
+
+    def case(batch: int) -> Case:
+        return Case(model=spec, train=train, batch_size=batch, seq_len=SEQ, world_size=2, setup=Setup(sharding="fsdp"))
+
+    four, five = predict.peak(case(4)), predict.peak(case(5))
+    budget = (four + five) // 2
+    options = plan(spec, SEQ, Assumptions(budget, "cpu", world=2, sharding="fsdp"), train, predict=predict)
+    assert next(o.max_batch for o in options if o.every_n_layers == 0 and not o.offload) == 4
+    results = run_distributed_cases([case(4), case(5)], str(tmp_path), 600)
+    peaks = []
+    for c, r in zip((case(4), case(5)), results):
+        assert r["status"] == "ok", r["reason"]
+        m = flatten_measurement(c, r["measurement"])
+        peaks.append(max(rank["memory"][0]["peak_bytes"] for rank in m["distributed"]["ranks"]))
+    assert peaks[0] <= budget < peaks[1], (peaks, budget, four, five)
