@@ -54,10 +54,14 @@ def model_lines(model: str, **overrides) -> list[str]:
 
 
 def precision_flag(args) -> str | None:
-    """--precision, or the default when neither it nor its pure alias --dtype is given."""
+    """--precision, or the default when neither it nor its pure alias --dtype is given: bf16-mixed, or with
+    --lora the base loaded in bf16 (``torch_dtype=torch.bfloat16``, as the PEFT guides load it; peft keeps
+    the adapters in fp32 and casts their input to it)."""
     if getattr(args, "precision", None):
         return args.precision
-    return None if getattr(args, "dtype", None) else DEFAULT_PRECISION
+    if getattr(args, "dtype", None):
+        return None
+    return "bf16" if getattr(args, "lora", None) else DEFAULT_PRECISION
 
 
 def add_precision_flags(p) -> None:
@@ -67,7 +71,8 @@ def add_precision_flags(p) -> None:
     p.add_argument("--loop", choices=LOOPS, default="manual",
                    help="the training loop: manual (default), trainer (transformers.Trainer), accelerate")
     p.add_argument("--lora", type=_rank, metavar="R",
-                   help="LoRA adapters of rank R through peft on a frozen base (default: full fine-tuning)")
+                   help="LoRA adapters of rank R through peft on a frozen base (default: full fine-tuning); "
+                        "without --precision the base is loaded in bf16")
     p.add_argument("--lora-targets", type=_targets, metavar="M,M,...",
                    help="with --lora: the modules to adapt (default: peft's choice for the model type)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",

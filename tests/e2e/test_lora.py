@@ -38,7 +38,9 @@ GRID += [("fp32", "trainer", 1, False), ("fp32", "trainer", 2, False), ("fp32", 
          ("bf16-mixed", "manual", 0, False), ("bf16-mixed", "trainer", 0, False),
          # a bf16 matmul's scratch (below the dispatcher) meets the saved RNG states here: the meters'
          # allowance names it (theory/meters.py)
-         ("bf16-mixed", "manual", 1, False)]
+         ("bf16-mixed", "manual", 1, False),
+         # the base loaded in bf16, as the PEFT guides load it (plan's default with --lora): fp32 adapters
+         ("bf16", "manual", 0, False), ("bf16", "manual", 1, False)]
 
 
 @pytest.mark.parametrize("point", GRID, ids=lambda p: "-".join(map(str, p)))
