@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..spec import Case
+from .optimizers import optimizer_refusal
 
 
 def refusal(case: Case) -> str | None:
@@ -22,6 +23,4 @@ def refusal(case: Case) -> str | None:
         return "LoRA adapters are not built by this version of ckptbench yet"
     if setup.sharding != "ddp":
         return f"sharding {setup.sharding!r} is not built by this version of ckptbench yet"
-    if setup.optimizer != "adamw":
-        return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
-    return None
+    return optimizer_refusal(setup)
