@@ -12,9 +12,9 @@ differences are real tensors, so the simulation runs them too, each the way its 
   bytes beside ``input_ids``); the loss is summed and divided by ``num_items_in_batch`` (an fp32 tensor the
   Trainer counts before the step, which the division saves for backward), then scaled in place by the number of processes (autograd keeps
   one fp32 scalar more for that); the gradients are clipped to ``max_grad_norm`` (torch's
-  ``clip_grad_norm_``, which accelerate calls); AdamW gets two parameter groups, those with weight decay
-  and those without (transformers' own ``get_decay_parameter_names``); the step's loss and the clipped
-  gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
+  ``clip_grad_norm_``, which accelerate calls); the optimizer (whichever it is) gets two parameter
+  groups, those with weight decay and those without (transformers' own ``get_decay_parameter_names``);
+  the step's loss and the clipped gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
   step); and because the single-tensor
   AdamW frees a parameter's ``denom`` only when the next parameter's replaces it, the parameter before
   the largest one *in its group* adds its size to the optimizer's peak.
