@@ -214,13 +214,19 @@ def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
 # (autocast, families) the analytic estimate has mixed-precision terms for, under the manual loop on a CPU
 # (tests/unit/test_mixed_estimate.py holds them to the simulated step byte for byte)
 ANALYTIC_MIXED = {"bf16": ("llama", "qwen2")}
+# the optimizers whose state and optimizer-step temporaries the analytic estimate derives
+# (:func:`ckptbench.theory.params.optimizer_step_bytes`); Adafactor and 8-bit AdamW are estimated by the
+# simulation of their step
+ANALYTIC_OPTIMIZERS = ("adamw", "adamw-loop", "adamw-foreach", "sgd")
 
 
 def analytic_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
     """Whether the analytic estimate describes a model trained so: a model it describes
-    (:attr:`ModelSpec.analytic`) under the manual loop, in a pure precision, or in bf16-mixed for the
-    families of :data:`ANALYTIC_MIXED` on a CPU."""
-    if not model.analytic or setup.loop != "manual" or setup.lora or setup.optimizer != "adamw" \
+    (:attr:`ModelSpec.analytic`) under the manual loop, with an optimizer of
+    :data:`ANALYTIC_OPTIMIZERS` (whose state and step temporaries it derives; Adafactor's and 8-bit
+    AdamW's are estimated by their simulation), in a pure precision, or in bf16-mixed for the families of
+    :data:`ANALYTIC_MIXED` on a CPU."""
+    if not model.analytic or setup.loop != "manual" or setup.lora or setup.optimizer not in ANALYTIC_OPTIMIZERS \
             or setup.sharding != "ddp":
         return False
     if not setup.autocast:

@@ -29,6 +29,7 @@ from ..train.checkpointing import decoder_layers, offload_without_pinning, pinne
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step
 from ..train.models import build_model, dropout_values, synthetic_batch
+from ..train.optimizers import describe_optimizer
 from ..train.precision import Amp
 from ..train.reference import reference
 from ..train.support import refusal as setup_refusal
@@ -174,6 +175,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         **({} if case.analytic else simulated_estimate(case)),
         "precision": case.precision,
         "loop": case.setup.loop,
+        "optimizer": describe_optimizer(loop.optimizer),  # the class and settings that ran
         "checkpointing_api": checkpointing_api,
         "attn_implementation": model.config._attn_implementation,  # what transformers built, not what was asked
         "dropout": dropout_values(model.config),  # the probabilities the model ran with, from its own config

@@ -18,7 +18,7 @@ from .activations import (
     not_saved_head_terms,
 )
 from .backward import layer_moments
-from .params import param_count
+from .params import optimizer_state_bytes, optimizer_step_bytes, param_count
 from .units import FP32, HALF, INT64
 
 # head terms every layer uses and layer 0's backward releases (:func:`.activations.head_activation_terms`)
@@ -77,8 +77,8 @@ def gradient_bytes(spec: ModelSpec, autocast: str = "") -> int:
 
 
 def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             grad_accum: int = 1, device: str = "cpu", autocast: str = "") -> Estimate:
-    """Memory of one AdamW training step (pure dtype, no master weights), device side and host side.
+             grad_accum: int = 1, device: str = "cpu", autocast: str = "", optimizer: str = "adamw") -> Estimate:
+    """Memory of one training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
     Peak: the largest moment of the step, phase by phase in the order they happen (each phase's
@@ -92,8 +92,10 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
       layer's saved tensors (recomputed first if checkpointed; with offload its input comes back to the
       device), and the moments of its own backward (:mod:`.backward`: the MLP's gradients, eager
       attention's a·s² gradients), with exactly the parameter gradients accumulated by then;
-      ``optimizer`` params + grads + state + AdamW temporaries: two copies of the largest tensor on CPU
-      (single-tensor ``exp_avg_sq.sqrt() / bc``), one full copy of the params on CUDA (foreach sqrt).
+      ``optimizer`` params + grads + state + the batch's ids + the optimizer's temporaries
+      (:func:`.params.optimizer_step_bytes`): AdamW's two copies of the largest tensor with the
+      per-parameter loop (``adamw-loop``; ``adamw`` on a CPU), one copy of all the parameters with the
+      foreach kernels (``adamw-foreach``; ``adamw`` on CUDA), none for SGD with momentum.
     With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
 
     ``autocast="bf16"`` (bf16-mixed, Llama and Qwen2 on a CPU): the forward and loss run under
@@ -111,8 +113,9 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     params = pc.total * B + pc.buffers_bytes
     G = gradient_bytes(spec, autocast)
     grads = pc.total * G
-    # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter.
-    optimizer = 2 * pc.total * B + FP32 * pc.n_tensors
+    # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter;
+    # SGD: a momentum buffer in the param dtype
+    state = optimizer_state_bytes(pc, B, optimizer)
     ckpt = checkpointed_layers(spec.layers, every_n_layers)
     ckpt_set = set(ckpt)  # asked once per layer below: a list would make the walk quadratic in depth
     any_ck = bool(ckpt)
@@ -131,7 +134,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # `tensor.cpu()` returns the tensor itself), so only a CUDA device is relieved of them.
     moved = offloaded if device == "cuda" else 0
     dev_acts = acts - moved
-    static = params + optimizer
+    static = params + state
     after_forward = static + dev_acts
 
     # --- peak, phase by phase (device side) ---
@@ -194,15 +197,15 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     put("backward-embedding", a + V * h * G + B * N * h, g_emb)
     if spec.tie_embeddings:
         put("backward-embedding", a + 2 * V * h * G, g_emb)
-    opt_tmp = 2 * pc.largest_tensor * B if device == "cpu" else pc.total * B
-    put("optimizer", opt_tmp, grads)
-    parts = {name: {"params": params, "grads": gr, "optimizer": optimizer, "activations": ac,
+    # the loop still holds the batch's ids while the optimizer steps
+    put("optimizer", optimizer_step_bytes(pc, B, optimizer, device) + INT64 * N, grads)
+    parts = {name: {"params": params, "grads": gr, "optimizer": state, "activations": ac,
                     "total": static + ac + gr} for name, (ac, gr) in phases.items()}
     peak_phase = max(parts, key=lambda k: parts[k]["total"])
     return Estimate(
         model=spec.label, family=spec.family, dtype=spec.dtype, attn=spec.attn, batch=batch, seq=seq,
         every_n_layers=every_n_layers, offload=offload, grad_accum=grad_accum, n_params=pc.total,
-        params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer, checkpointed_layers=tuple(ckpt),
+        params_bytes=params, grads_bytes=grads, optimizer_bytes=state, checkpointed_layers=tuple(ckpt),
         layer_full_bytes=layer_full, checkpointed_input_bytes=checkpointed_input, offloaded_bytes=offloaded,
         activations_after_forward_bytes=dev_acts, saved_bytes=saved, mem_after_forward_bytes=after_forward,
         peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
@@ -214,7 +217,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 def estimate_case(case: Case) -> Estimate:
     """The estimate for a sweep point."""
     return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                    case.grad_accum, case.device, case.setup.autocast)
+                    case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer)
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:

@@ -12,9 +12,9 @@ differences are real tensors, so the simulation runs them too, each the way its 
   bytes beside ``input_ids``); the loss is summed and divided by ``num_items_in_batch`` (an fp32 tensor the
   Trainer counts before the step, which the division saves for backward), then scaled in place by the number of processes (autograd keeps
   one fp32 scalar more for that); the gradients are clipped to ``max_grad_norm`` (torch's
-  ``clip_grad_norm_``, which accelerate calls); AdamW gets two parameter groups, those with weight decay
-  and those without (transformers' own ``get_decay_parameter_names``); the step's loss and the clipped
-  gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
+  ``clip_grad_norm_``, which accelerate calls); the optimizer (whichever it is) gets two parameter
+  groups, those with weight decay and those without (transformers' own ``get_decay_parameter_names``);
+  the step's loss and the clipped gradient norm stay alive through the optimizer step, as does the running loss (a scalar made before the
   step); and because the single-tensor
   AdamW frees a parameter's ``denom`` only when the next parameter's replaces it, the parameter before
   the largest one *in its group* adds its size to the optimizer's peak.
@@ -27,22 +27,29 @@ from __future__ import annotations
 import torch
 
 from ..spec import Setup
+from ..train.optimizers import build_optimizer
 
 
 class LoopStep:
-    def __init__(self, setup: Setup | None = None):
-        self.loop = (setup or Setup()).loop
+    def __init__(self, setup: Setup | None = None, device: str = "cpu"):
+        setup = setup or Setup()
+        self.loop = setup.loop
+        # torch's own AdamW picks its foreach kernels for parameters on CUDA: the simulation's parameters are
+        # fake CPU tensors, so a CUDA point's plain ``adamw`` is simulated with the choice torch makes there
+        self.optimizer_name = "adamw-foreach" if (setup.optimizer, device) == ("adamw", "cuda") else setup.optimizer
 
     def optimizer(self, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+        """The loop's optimizer (:func:`ckptbench.train.optimizers.build_optimizer`): one parameter group,
+        or, under the Trainer, its two."""
         if self.loop != "trainer":
-            return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+            return build_optimizer(self.optimizer_name, model, lr)
         from transformers import Trainer
 
         decay = set(Trainer.get_decay_parameter_names(None, model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         groups = [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr)
+        return build_optimizer(self.optimizer_name, groups, lr)
 
     def inputs(self, ids: torch.Tensor) -> tuple[dict, list[torch.Tensor]]:
         """The model's keyword arguments, and the tensors of the batch that exist before the step."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec import ModelSpec
+from ..spec import ANALYTIC_OPTIMIZERS, ModelSpec
 from .units import FP32
 
 
@@ -61,3 +61,35 @@ def param_count(spec: ModelSpec) -> ParamCount:
     return ParamCount(embedding=v * h, position=position, per_layer=per_layer, final_norm=final_norm,
                       lm_head=lm_head, layers=spec.layers, n_tensors=n_tensors, largest_tensor=largest,
                       buffers_bytes=buffers)
+
+
+
+def optimizer_state_bytes(pc: ParamCount, bytes_per_element: int, optimizer: str = "adamw") -> int:
+    """The optimizer's state after its first step: AdamW keeps ``exp_avg`` and ``exp_avg_sq`` like each
+    parameter and an fp32 ``step`` scalar per parameter tensor; SGD with momentum one ``momentum_buffer``
+    like each parameter (a clone of its first gradient, in the parameter's dtype)."""
+    if optimizer.startswith("adamw") and optimizer in ANALYTIC_OPTIMIZERS:
+        return 2 * pc.total * bytes_per_element + FP32 * pc.n_tensors
+    if optimizer == "sgd":
+        return pc.total * bytes_per_element
+    raise ValueError(f"no analytic optimizer state for {optimizer!r}: it is estimated by its simulation")
+
+
+def optimizer_step_bytes(pc: ParamCount, bytes_per_element: int, optimizer: str = "adamw",
+                         device: str = "cpu") -> int:
+    """What the optimizer step allocates beside the state at its largest moment.
+
+    - the per-parameter AdamW (``adamw-loop``, and ``adamw`` on a CPU, where torch picks it):
+      ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two copies of the largest tensor at once;
+    - the multi-tensor AdamW (``adamw-foreach``, and ``adamw`` on CUDA): ``torch._foreach_sqrt`` of every
+      ``exp_avg_sq`` at once, one copy of all the parameters, live until the update is applied;
+    - SGD with momentum: nothing (``buf.mul_(momentum).add_(grad)`` and ``param.add_(buf)`` work in place).
+    """
+    B = bytes_per_element
+    if optimizer == "adamw-foreach" or (optimizer == "adamw" and device == "cuda"):
+        return pc.total * B
+    if optimizer in ("adamw", "adamw-loop"):
+        return 2 * pc.largest_tensor * B
+    if optimizer == "sgd":
+        return 0
+    raise ValueError(f"no analytic optimizer step for {optimizer!r}: it is estimated by its simulation")

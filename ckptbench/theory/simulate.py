@@ -1,7 +1,7 @@
 """Simulated training step: the real model and optimizer run on fake tensors, memory is counted exactly.
 
 ``--simulate`` answers "what would this step allocate?" for models that do not fit (or have no GPU) by
-running the actual transformers forward, backward and AdamW step under
+running the actual transformers forward, backward and optimizer step (the point's ``Setup.optimizer``) under
 ``torch._subclasses.fake_tensor.FakeTensorMode``: every operator runs its shape/dtype logic but no data
 is allocated, so an 8B model at 2k tokens costs seconds on a laptop CPU.  What it measures is what the
 same code would keep on a real CPU run: the same saved tensors, the same checkpoint recomputation, the
@@ -139,10 +139,26 @@ def init_adamw_state(optimizer: torch.optim.AdamW) -> None:
             }
 
 
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create any optimizer's state as the real run's warm-up steps do: one step of the optimizer itself,
+    on zero gradients, before the measured step (so a simulated step looks like a post-warm-up one).
+
+    Running the optimizer's own step, not a copy of what it creates, gives each its state exactly: AdamW's
+    step scalar and two moments, SGD's momentum buffer, Adafactor's factored ``exp_avg_sq_row`` /
+    ``exp_avg_sq_col`` (``exp_avg_sq`` for 1-D parameters) and the ``RMS`` scalar it keeps.  Only the
+    parameters the optimizer holds get a gradient, so frozen ones get no state, as in the real run.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False,
              setup: Setup | None = None) -> SimResult:
-    """One forward + backward + AdamW step of the real model on fake CPU tensors, with exact live bytes.
+    """One forward + backward + optimizer step of the real model on fake CPU tensors, with exact live bytes.
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
     total when the layer's forward ends and comes back when backward reaches the layer, so the peak is
@@ -202,9 +218,9 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         # to_empty gives each module's parameter its own storage, which unties a tied LM head from the
         # embedding (two V·h tensors where the real model has one): tie them again as transformers does
         model.tie_weights()
-        around = LoopStep(setup)
+        around = LoopStep(setup, device)
         optimizer = around.optimizer(model, lr)
-        init_adamw_state(optimizer)
+        init_optimizer_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
         inputs, batch_tensors = around.inputs(ids)
 

@@ -45,6 +45,7 @@ from .data import eval_steps, rank_data
 from .evaluate import averaged_held_out_loss
 from .loops import ACCELERATE_PRECISION
 from .models import build_model
+from .optimizers import build_optimizer, describe_optimizer
 
 
 class ForwardActivations:
@@ -185,7 +186,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
+    optimizer = build_optimizer(case.setup, model, train.lr)
     # Constant LR: TrainSpec.warmup_steps are timing burn-in steps, not an LR schedule.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
@@ -299,6 +300,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
         "param_bytes": param_bytes,
         "grad_bytes": grad_bytes,
         "n_param_tensors": len(params),
+        "optimizer": describe_optimizer(optimizer),
         "optimizer_steps": opt_steps,
         "iterations": iterations,
         "steps": records,

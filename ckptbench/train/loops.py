@@ -6,7 +6,8 @@
   loop.  ``prepare`` wraps the model's forward in autocast and converts its outputs to fp32.
 - ``trainer``: a real ``transformers.Trainer.train()`` with the point's ``TrainingArguments``
   (activation checkpointing with ``every_n_layers`` / ``offload``, gradient accumulation, bf16 / fp16,
-  ``adamw_torch``, a constant learning rate, no evaluation, saving or logging).  The probes hook in through
+  the point's optimizer as Trainer users ask for it (:func:`.optimizers.trainer_choice`), a constant
+  learning rate, no evaluation, saving or logging).  The probes hook in through
   a ``TrainerCallback`` and by wrapping three of the instance's own methods, each still doing all it did:
   ``compute_loss`` (the forward: the loss out, the model's outputs dropped, as the manual loop's
   ``forward_loss``), ``accelerator.clip_grad_norm_`` (the backward is over) and ``get_batch_samples``
@@ -25,6 +26,7 @@ import torch
 
 from ..spec import Case
 from .checkpointing import enable_checkpointing
+from .optimizers import build_optimizer, trainer_choice
 from .precision import Amp
 from .step import forward_loss, train_step
 
@@ -56,7 +58,7 @@ class ManualLoop:
     def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
         self.case, self.model, self.batch = case, model, batch
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=case.train.lr)
+        self.optimizer = build_optimizer(case.setup, model, case.train.lr)
         self.amp = Amp.of(case)
 
     def run(self, schedule) -> None:
@@ -84,7 +86,7 @@ class AccelerateLoop:
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
         self.accelerator = Accelerator(mixed_precision=ACCELERATE_PRECISION[case.setup.autocast],
                                        gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=case.train.lr)
+        optimizer = build_optimizer(case.setup, model, case.train.lr)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     def _micro(self, marks=None) -> torch.Tensor:
@@ -140,10 +142,11 @@ def training_arguments(case: Case, output_dir: str, max_steps: int):
     from transformers import TrainingArguments
 
     n, mixed = case.every_n_layers, case.setup.autocast
+    optim, _ = trainer_choice(case.setup, case.train.lr)
     return TrainingArguments(
         output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=case.batch_size,
         gradient_accumulation_steps=case.grad_accum, learning_rate=case.train.lr, lr_scheduler_type="constant",
-        optim="adamw_torch", bf16=mixed == "bf16", fp16=mixed == "fp16", seed=case.train.seed,
+        **optim, bf16=mixed == "bf16", fp16=mixed == "fp16", seed=case.train.seed,
         activation_checkpointing=n > 0,
         activation_checkpointing_kwargs={"use_reentrant": False, "every_n_layers": n, "offload": case.offload}
         if n > 0 else None,
@@ -160,6 +163,7 @@ class TrainerLoop:
     def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
         self.case, self.model, self.batch = case, model, batch
         self.checkpointing_api = "activation_checkpointing_enable" if case.every_n_layers > 0 else None
+        self.optimizer = None  # the one Trainer builds, seen by the probes
 
     def run(self, schedule) -> None:
         from transformers import Trainer, TrainerCallback
@@ -168,12 +172,14 @@ class TrainerLoop:
         rows = schedule.total * case.grad_accum * case.batch_size
         fetched: list[torch.Tensor] = []
         losses: list[torch.Tensor] = []
+        loop = self
 
         class Probes(TrainerCallback):
             def on_step_begin(self, args, state, control, **kw):
                 k = state.global_step
                 losses.clear()
                 schedule.begin(k)
+                loop.optimizer = kw["optimizer"]
                 if schedule.kind(k) == "memory":
                     optimizer = kw["optimizer"]
                     schedule.marks.start(kw["model"], getattr(optimizer, "optimizer", optimizer), list(fetched))
@@ -189,8 +195,10 @@ class TrainerLoop:
                 schedule.end(state.global_step - 1, sum(float(x) for x in losses) / case.grad_accum if losses else None)
 
         with tempfile.TemporaryDirectory(prefix="ckptbench-trainer-") as out:
+            _, cls_and_kwargs = trainer_choice(case.setup, case.train.lr)
             trainer = Trainer(model=self.model, args=training_arguments(case, out, schedule.total),
-                              train_dataset=_Rows(self.batch, rows), callbacks=[Probes()])
+                              train_dataset=_Rows(self.batch, rows), callbacks=[Probes()],
+                              optimizer_cls_and_kwargs=cls_and_kwargs)
             original_fetch, original_clip = trainer.get_batch_samples, trainer.accelerator.clip_grad_norm_
             original_loss = trainer.compute_loss
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..spec import Case
+from .optimizers import optimizer_refusal
 
 
 def refusal(case: Case) -> str | None:
@@ -28,9 +29,7 @@ def refusal(case: Case) -> str | None:
     if setup.sharding == "fsdp" and setup.loop != "manual":
         return (f"fsdp points run the plain FSDP2 loop; the {setup.loop} loop over fully_shard is not built "
                 "by this version of ckptbench")
-    if setup.optimizer != "adamw":
-        return f"optimizer {setup.optimizer!r} is not built by this version of ckptbench yet"
-    return None
+    return optimizer_refusal(setup)
 
 
 def qlora_refusal(quantize: str) -> str:

@@ -4,8 +4,8 @@ The simulation runs the real step under ``torch.autocast("cpu", dtype=torch.bflo
 with the tracker a CPU measurement uses (``tests/e2e/test_precision_loops.py`` holds it to real runs), so
 on a CPU the analytic terms must give its bytes exactly: the peak, the phase it falls in and its parts.
 One residue is named, the same as the pure precisions': when the optimizer step is the peak (only at a
-handful of tokens), the batch's ids and the final norm's AdamW denominator (8·N + 4·h bytes) are alive
-beside the two copies of the largest tensor the estimate counts.
+handful of tokens), the final norm's AdamW denominator (4·h bytes) is alive beside the two copies of the
+largest tensor and the batch's ids the estimate counts.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def test_the_optimizer_step_residue_is_the_one_the_pure_precisions_have():
     spec = preset("llama-tiny", attn="sdpa")
     sim, est = simulated(spec, 1, 16, 0, False, "cpu"), estimated(spec, 1, 16, 0, False, "cpu")
     assert sim.peak_phase == est.peak_phase == "optimizer"
-    assert sim.peak_bytes - est.peak_bytes == 8 * 16 + 4 * spec.hidden
+    assert sim.peak_bytes - est.peak_bytes == 4 * spec.hidden
     pure = estimate(spec, 1, 16)
-    assert pure.peak_phase == "optimizer" and simulate(spec, 1, 16).peak_bytes - pure.peak_bytes == 8 * 16 + 4 * 64
+    assert pure.peak_phase == "optimizer" and simulate(spec, 1, 16).peak_bytes - pure.peak_bytes == 4 * 64
 
 
 def test_what_stays_fp32_and_what_is_cast():
