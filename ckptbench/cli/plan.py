@@ -175,7 +175,12 @@ def assumptions(args):
 def run_label(case) -> str:
     """The model and how it is trained: llama-8b (llama, 32 layers, bf16-mixed sdpa, Trainer loop)."""
     spec = case.model
-    loop = "" if case.setup.loop == "manual" else f", {case.setup.loop} loop"
+    setup = case.setup
+    loop = "" if setup.loop == "manual" else f", {setup.loop} loop"
+    if setup.lora:
+        targets = ",".join(setup.lora.targets) or "peft's default targets"
+        loop += f", LoRA r={setup.lora.r} on {targets} (base frozen)"
+    loop += f", {setup.optimizer}" if setup.optimizer != "adamw" else ""
     return f"{spec.label} ({spec.family}, {spec.layers} layers, {case.precision} {spec.attn}{loop})"
 
 
