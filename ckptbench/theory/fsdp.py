@@ -103,7 +103,8 @@ def fsdp_case_comm(case: Case) -> dict:
                               (t.warmup_steps + t.memory_steps + t.steps) * case.grad_accum)
 
 
-# Relative tolerance of the per-rank peak (see fsdp_memory_estimate)
+# Relative tolerance of the per-rank peak: 0, the composition equals the exact tracker on CPU (see
+# fsdp_memory_estimate); the planner and the record checks use it
 PEAK_TOLERANCE = 0.0
 
 
@@ -118,24 +119,32 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
     added and the gradients of the units already reduce-scattered counted as shards.
 
     What FSDP2 holds beside the single-process step (traced allocation by allocation on llama-tiny,
-    world 2, gloo; U = one unsharded layer = N padded layer shards, U_r the same for the root):
+    world 2 and 3, gloo; U = one unsharded layer = N padded layer shards, U_r the same for the root).
+    A unit's flat all-gather output is freed only when the next all-gather is issued (FSDP2 keeps the
+    last one as its ``all_gather_state``), and backward prefetches the next layer's:
 
     * the root unsharded (U_r) from forward to the root's post-backward;
-    * in the head's backward, the flat all-gather output of the last layer (U), prefetched by the root's
+    * at the loss (the forward moment), the last layer's flat all-gather output (U);
+    * in the head's backward, the last layer's flat output again (U), prefetched by the root's
       pre-backward; at that layer's pre-backward its parameters are copied out of it (2U for a moment);
-    * in layer i's backward: layer i unsharded (U), the prefetched flat buffer of layer i-1 (U, not for
+    * in layer i's backward: layer i unsharded (U), the prefetched flat output of layer i-1 (U, not for
       layer 0) and the reduce-scatter input of layer i+1 (U, ``chunk_cat``'s output, which FSDP2 keeps
       until the next unit's reduce-scatter: ``reduce_scatter_max_input_buffers = 1``; not for the last
       layer); this layer's gradients are full size, those of the layers above are shards;
     * at layer i+1's post-backward (named backward-layer-i: it follows the gradient into layer i): its
       parameters resharded, the previous reduce-scatter input dropped, the new one (U) made and the
       gradients freed into it, the reduce-scatter output (a shard) made, and gloo's copy of the input (U)
-      while the collective runs: 3U with layer i's flat buffer; after layer 0 (backward-embedding), 2U;
+      while the collective runs: 3U with layer i's flat output; after layer 0 (backward-embedding), 2U;
+      autograd still holds the layer's input-norm weight gradient (h elements) until the hook returns;
     * in the embedding's backward the root is still gathered and layer 0's reduce-scatter input alive;
       at the root's post-backward the root is resharded, its input (U_r), output (a root shard) and
       gloo's copy (U_r) live together, with the LM head's gradient (untied: still referenced until the
       collective ends);
-    * the optimizer step: the shards' gradients and AdamW's two temporaries of the largest shard.
+    * the optimizer step: the shards' gradients and AdamW's two temporaries of the rank's largest chunk.
+
+    Not modelled (below the peak on every measured point, docs/fsdp.md): moments inside a layer's forward
+    (its unsharded parameters and flat output, 2U, beside that layer's transient buffers), the input ids
+    and loss scalars still alive in the optimizer step, and (GPT-2) part of the optimizer step.
     """
     from dataclasses import replace
 
@@ -190,7 +199,8 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
     """`rank`'s memory in a step of `case` under FSDP2: exact static parts, and the peak over the step's
     moments (:func:`rank_moments`).
 
-    Exact (counts of known tensors, CPU):
+    Exact on CPU (counts of known tensors; the peak and the phase it falls in equal the tracker's on
+    llama-, qwen2- and gpt2-tiny, none / every-2 / full, world 2, and llama-tiny at world 3, every rank):
 
     * ``params_bytes``: the rank's padded shards of every unit plus the model's buffers (not sharded);
     * ``optimizer_bytes``: AdamW's two moments of the rank's chunks (unpadded: ``zeros_like`` of a sharded
