@@ -57,6 +57,10 @@ class Estimate:
     head_terms: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)  # phase -> {params, grads, optimizer, activations, total}
     autocast: str = ""  # "bf16": bf16-mixed, autocast over the fp32 weights `dtype` names
+    # every moment the walk visits, in step order: (phase, kind, activations, grads); kind is forward,
+    # head, boundary (a layer's backward about to start: what is kept below it plus the gradient flowing
+    # in), layer, embedding or optimizer.  What :mod:`.fsdp` composes a rank's step from (not in to_dict)
+    moments: tuple = ()
 
     @property
     def recomputed_layers(self) -> list[int]:
@@ -66,6 +70,7 @@ class Estimate:
         d = asdict(self)
         d["checkpointed_layers"] = list(self.checkpointed_layers)
         d["recomputed_layers"] = self.recomputed_layers
+        d.pop("moments")
         return d
 
 
@@ -140,8 +145,10 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # --- peak, phase by phase (device side) ---
     g0 = grads if grad_accum > 1 else 0
     phases: dict[str, tuple[int, int]] = {}  # phase -> (activations, grads) at its largest moment
+    moments: list[tuple[str, str, int, int]] = []
 
-    def put(name: str, acts_now: int, grads_now: int) -> None:
+    def put(name: str, acts_now: int, grads_now: int, kind: str) -> None:
+        moments.append((name, kind, acts_now, grads_now))
         if name not in phases or acts_now + grads_now > sum(phases[name]):
             phases[name] = (acts_now, grads_now)
 
@@ -153,15 +160,15 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         # 1 the padded labels are the tensor nll keeps (``labels``), no extra copy
         logits_tmp += mixed_forward_only_bytes(spec, n_ck) + FP32 * N * h
         logits_tmp -= INT64 * batch * (seq + 1) if batch == 1 else 0
-    put("forward", dev_acts + logits_tmp, g0)
+    put("forward", dev_acts + logits_tmp, g0, "forward")
     # the loss's backward: nll and log-softmax hold two fp32 N·V gradients beside everything kept
-    put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0)
+    put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0, "head")
     # the LM head's backward: the gradient into the final norm's output (B·N·h) and the head's weight
     # gradient (B·h·V, an activation until it is accumulated) replace the fp32 log-softmax gradient; a
     # 16-bit model's logits gradient (B·N·V) is freed with its fp32 copy's
     # (in the compute dtype under autocast: the logits' gradient, the head's input and weight gradients
     # are bf16, cast to fp32 afterwards)
-    put("backward-head", dev_acts + C * N * h + C * h * V - INT64 * N - (FP32 - C) * N * V, g0)
+    put("backward-head", dev_acts + C * N * h + C * h * V - INT64 * N - (FP32 - C) * N * V, g0, "head")
     # after the head: log-softmax, labels and final norm are gone (and the head's bf16 weight copy under
     # autocast); lm_head (or the tied embedding) and the final norm have their grads
     a = dev_acts - ht["log_softmax"] - ht["labels"] - ht["final_norm"] - ht.get("lm_head_weight", 0)
@@ -174,7 +181,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     else:
         g = g0 + ((V * h + pc.final_norm) * G if grad_accum == 1 else 0)
     layer_params = pc.per_layer * G
-    moments = {ck: layer_moments(spec, batch, seq, ck, autocast) for ck in (False, True)}
+    layer_forms = {ck: layer_moments(spec, batch, seq, ck, autocast) for ck in (False, True)}
     for idx in reversed(range(spec.layers)):
         checkpointed = idx in ckpt_set
         kept = ckpt_input if checkpointed else layer_full
@@ -182,9 +189,11 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         if checkpointed and moved:
             kept = 0  # it lives on the host; the unpack brings it back for the recompute
             start += ckpt_input
-        grad_in, deltas = moments[checkpointed]
+        grad_in, deltas = layer_forms[checkpointed]
+        moments.append((f"backward-layer-{idx}", "boundary", start + grad_in, g))
         for delta, layer_grads in deltas:
-            put(f"backward-layer-{idx}", start + grad_in + delta, g + (layer_grads if grad_accum == 1 else 0))
+            put(f"backward-layer-{idx}", start + grad_in + delta, g + (layer_grads if grad_accum == 1 else 0),
+                "layer")
         a -= kept
         g += layer_params if grad_accum == 1 else 0
     # the embedding's backward.  Layer 0's backward has released what the layers shared (RoPE's cos/sin,
@@ -193,12 +202,13 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # while the gradient flowing in (B·N·h) is alive; a tied weight then adds it to the waiting head
     # gradient, a third V·h tensor, once the gradient flowing in is freed
     a -= sum(ht.get(name, 0) for name in SHARED_HEAD_TERMS)
+    moments.append(("backward-embedding", "boundary", a + B * N * h, g))
     g_emb = g + (pc.position * G if grad_accum == 1 else 0)
-    put("backward-embedding", a + V * h * G + B * N * h, g_emb)
+    put("backward-embedding", a + V * h * G + B * N * h, g_emb, "embedding")
     if spec.tie_embeddings:
-        put("backward-embedding", a + 2 * V * h * G, g_emb)
+        put("backward-embedding", a + 2 * V * h * G, g_emb, "embedding")
     # the loop still holds the batch's ids while the optimizer steps
-    put("optimizer", optimizer_step_bytes(pc, B, optimizer, device) + INT64 * N, grads)
+    put("optimizer", optimizer_step_bytes(pc, B, optimizer, device) + INT64 * N, grads, "optimizer")
     parts = {name: {"params": params, "grads": gr, "optimizer": state, "activations": ac,
                     "total": static + ac + gr} for name, (ac, gr) in phases.items()}
     peak_phase = max(parts, key=lambda k: parts[k]["total"])
@@ -211,6 +221,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
         peak_breakdown={k: v for k, v in parts[peak_phase].items() if k != "total"},
         host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts, autocast=autocast,
+        moments=tuple(moments),
     )
 
 

@@ -108,8 +108,8 @@ class Analytic:
 
 class ShardedAnalytic(Analytic):
     """One FSDP2 rank's peak (:func:`.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
-    layers in flight, the activations of its micro-batch; within :data:`.fsdp.PEAK_TOLERANCE` of what was
-    measured on CPU) for the families and precisions the analytic estimate describes."""
+    layers in flight, FSDP2's all-gather and reduce-scatter buffers, the activations of its micro-batch;
+    equal to what was measured on CPU, :data:`.fsdp.PEAK_TOLERANCE`) for the families and precisions the analytic estimate describes."""
 
     source = "analytic estimate, one FSDP2 rank (theory/fsdp.py)"
 

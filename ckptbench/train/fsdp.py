@@ -37,6 +37,8 @@ import torch.distributed as dist
 
 from ..measure.comm import C10dInterposer, CollectiveRecorder
 from ..measure.memory import probe_for
+from ..measure.saved import LayerProbe
+from ..measure.storage import StorageSerials
 from ..measure.timing import boundary_clock
 from ..spec import Case
 from .checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning, pinned_memory_error
@@ -124,7 +126,10 @@ def _train(case: Case) -> dict:
             tracker = getattr(probe, "tracker", None)  # the CPU probe's exact tracker (CUDA: the allocator)
             if tracker is not None:
                 tracker.resize_category = "params"  # FSDP2's unsharded parameters, regrown by resize
+            # names the moment of the peak as the single-process step does: backward-layer-i, ...
+            layer_probe = LayerProbe(StorageSerials(), decoder_layers(model), probe.set_phase) if probe else None
             if probe is not None:
+                layer_probe.__enter__()
                 probe.start()
             t0 = clock.now()
             losses = []
@@ -132,10 +137,13 @@ def _train(case: Case) -> dict:
                 recorder.set_step(it)
                 if probe is not None:
                     probe.set_phase("forward")
+                    layer_probe.in_backward = False
                 loss = model(input_ids=batches[it], labels=batches[it]).loss
-                if probe is not None and it == micro[-1]:
-                    probe.mark_after_forward()
-                    probe.set_phase("backward")
+                if probe is not None:
+                    if it == micro[-1]:
+                        probe.mark_after_forward()
+                    probe.set_phase("backward-head")
+                    layer_probe.in_backward = True
                 with recorder.phase("backward"):
                     (loss / case.grad_accum if case.grad_accum > 1 else loss).backward()
                 losses.append(loss.detach())
@@ -150,6 +158,7 @@ def _train(case: Case) -> dict:
             t1 = clock.now()
             if probe is not None:
                 probe.stop()
+                layer_probe.__exit__(None, None, None)
                 memory.append(probe.result().to_dict())
             for it, loss in zip(micro, losses):
                 records.append({

@@ -7,6 +7,8 @@ from ckptbench.theory.fsdp import (
     fsdp_case_comm,
     fsdp_comm_estimate,
     fsdp_memory_estimate,
+    local_elements,
+    rank_state_bytes,
     shard_elements,
     unit_shapes,
     unit_shard_bytes,
@@ -71,3 +73,20 @@ def test_case_counts_every_micro_batch_and_the_memory_parts():
     assert mem["optimizer_bytes"] == 2 * (4 * 73_984 + 65_664) + 4 * 39  # two moments + a step per tensor
     assert mem["peak_params_bytes"] == mem["params_bytes"] + 2 * 65_664 + 2 * 73_984
     assert mem["peak_bytes"] == max(mem["phases"].values())
+
+
+def test_adamw_state_is_the_unpadded_chunk_per_rank():
+    # torch.chunk rows at world 3: 64 -> 22, 22, 20; 32 -> 11, 11, 10; 128 -> 43, 43, 42; 256 -> 86, 86, 84
+    assert [local_elements((64, 64), 3, r) for r in range(3)] == [22 * 64, 22 * 64, 20 * 64]
+    assert [local_elements((2, 5), 4, r) for r in range(4)] == [5, 5, 0, 0]  # late ranks hold nothing
+    spec = preset("llama-tiny")
+    assert rank_state_bytes(spec, 3, 0) == rank_state_bytes(spec, 3, 1) == unit_shard_bytes(spec, 3)["layer"] * 4 + \
+        unit_shard_bytes(spec, 3)["root"]
+    # rank 2: per layer 2·64 (q) + 64 (k) + 64 (v) + 2·64 (o) + 64 (gate) + 64 (up) + 2·128 (down) + 2 + 2
+    # (norms) = 772 elements fewer, root 2·64 + 2 + 2·64 = 258 fewer
+    assert rank_state_bytes(spec, 3, 0) - rank_state_bytes(spec, 3, 2) == (4 * 772 + 258) * 4
+    case = Case(model=spec, train=TrainSpec(), batch_size=2, seq_len=32, world_size=3, setup=Setup(sharding="fsdp"))
+    mems = [fsdp_memory_estimate(case, r) for r in range(3)]
+    assert mems[0]["optimizer_bytes"] - mems[2]["optimizer_bytes"] == 2 * (4 * 772 + 258) * 4 == 26_768
+    assert mems[0]["peak_bytes"] - mems[2]["peak_bytes"] == 26_768
+    assert mems[0]["params_bytes"] == mems[2]["params_bytes"]  # padded shards: the same storage everywhere
