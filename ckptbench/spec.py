@@ -226,13 +226,27 @@ def analytic_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
     :data:`ANALYTIC_OPTIMIZERS` (whose state and step temporaries it derives; Adafactor's and 8-bit
     AdamW's are estimated by their simulation), in a pure precision, or in bf16-mixed for the families of
     :data:`ANALYTIC_MIXED` on a CPU."""
-    if not model.analytic or setup.loop != "manual" or setup.lora or setup.optimizer not in ANALYTIC_OPTIMIZERS \
-            or setup.sharding != "ddp":
-        return False
-    if not setup.autocast:
-        return True
-    return (device == "cpu" and model.dtype == "fp32"
-            and model.family in ANALYTIC_MIXED.get(setup.autocast, ()))
+    return not not_analytic_because(model, setup, device)
+
+
+def not_analytic_because(model: ModelSpec, setup: Setup, device: str = "cpu") -> str:
+    """Why the analytic estimate does not describe this point ("" when it does: :func:`analytic_point`)."""
+    if not model.analytic:
+        return (f"model_type {model.family!r} has no analytic estimate" if model.family not in FAMILIES else
+                "its config sets keys the analytic estimate does not model (or dropout is on)")
+    if setup.loop != "manual":
+        return f"the analytic estimate is of the manual loop, this is the {setup.loop} loop"
+    if setup.lora:
+        return "LoRA points are estimated by the simulation of the peft-wrapped step"
+    if setup.optimizer not in ANALYTIC_OPTIMIZERS:
+        return f"the analytic estimate has no terms for {setup.optimizer}'s state and step"
+    if setup.sharding != "ddp":
+        return "a sharded point's per-rank figures come from theory/fsdp.py"
+    if setup.autocast and not (device == "cpu" and model.dtype == "fp32"
+                               and model.family in ANALYTIC_MIXED.get(setup.autocast, ())):
+        return (f"the analytic estimate covers {setup.autocast}-mixed for "
+                f"{', '.join(ANALYTIC_MIXED.get(setup.autocast, ())) or 'no family'} on a CPU only")
+    return ""
 
 
 @dataclass(frozen=True)

@@ -90,3 +90,22 @@ def test_adamw_state_is_the_unpadded_chunk_per_rank():
     assert mems[0]["optimizer_bytes"] - mems[2]["optimizer_bytes"] == 2 * (4 * 772 + 258) * 4 == 26_768
     assert mems[0]["peak_bytes"] - mems[2]["peak_bytes"] == 26_768
     assert mems[0]["params_bytes"] == mems[2]["params_bytes"]  # padded shards: the same storage everywhere
+
+
+def test_estimate_prints_each_fsdp_rank_and_the_collectives(capsys):
+    from ckptbench.cli import main
+    from ckptbench.spec import Case, Setup, TrainSpec, preset
+    from ckptbench.theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
+
+    assert main(["estimate", "--model", "llama-tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
+                 "--precision", "fp32", "--world", "3", "--sharding", "fsdp"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    case = Case(model=preset("llama-tiny", attn="sdpa"), train=TrainSpec(), batch_size=2, seq_len=32, world_size=3,
+                setup=Setup(sharding="fsdp"))
+    rows = [line.split() for line in out if line.split() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    for rank, row in enumerate(rows):  # GiB to three places, and the phase
+        m = fsdp_memory_estimate(case, rank)
+        assert row[3] == f"{m['peak_bytes'] / 2**30:.3f}" and row[4] == m["peak_phase"]
+    comm = fsdp_comm_estimate(case.model, 3, 1)
+    assert f"{comm['allgather_payload_bytes']:,} B" in out[-1] and f"{comm['reduce_scatter_payload_bytes']:,} B" in out[-1]
