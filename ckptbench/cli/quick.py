@@ -113,14 +113,19 @@ def run_name(model: str) -> str:
     return f"{base or 'model'}-quick"
 
 
-def suite_text(args) -> str:
+# What a quick sweep compares when it names no checkpointing: none, every other layer and every layer (and
+# each with offload on CUDA, where offload moves something; on a CPU the host is the device)
+DEFAULT_EVERY_N = [0, 2, 1]
+
+
+def suite_text(args, every_n_default: list[int] = DEFAULT_EVERY_N) -> str:
     """The suite the quick flags describe."""
     name = run_name(args.model)
     model = model_lines(args.model, layers=args.layers, hidden=args.hidden, vocab=args.vocab, dtype=args.dtype,
                         attn=args.attn, precision=precision_flag(args))
-    every_n = args.every_n_layers or [0]
+    every_n = args.every_n_layers or every_n_default
     sweep = [f"batch_size = {args.batch or [1]}", f"seq_len = {args.seq or [512]}", f"every_n_layers = {every_n}"]
-    if args.offload:
+    if args.offload or (args.device == "cuda" and not args.every_n_layers):
         sweep.append("offload = [false, true]")
     device = f'device = "{args.device}"\n' if args.device else ""
     train = "\n[train]\n" + "\n".join(train_lines(args)) + "\n"
@@ -136,8 +141,10 @@ def add_arguments(p) -> None:
     g.add_argument("--vocab", type=int, help="override the vocabulary size")
     g.add_argument("--seq", type=_ints, metavar="S,S,...", help="sequence lengths (default 512)")
     g.add_argument("--batch", type=_ints, metavar="B,B,...", help="batch sizes (default 1)")
-    g.add_argument("--every-n-layers", type=_ints, metavar="N,N,...", help="checkpointing settings (default 0)")
-    g.add_argument("--offload", action="store_true", help="also every checkpointed setting with offload")
+    g.add_argument("--every-n-layers", type=_ints, metavar="N,N,...",
+                   help="checkpointing settings (default 0,2,1: none, every other layer, every layer)")
+    g.add_argument("--offload", action="store_true",
+                   help="also every checkpointed setting with offload (the default on --device cuda)")
     add_precision_flags(g)
     g.add_argument("--attn", choices=("eager", "sdpa"),
                    help="default: transformers' default for the model (sdpa where it has it; eager in fp32 on CUDA)")

@@ -177,10 +177,15 @@ def _suite(args):
         raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...), not both")
     if args.suite:
         return load_suite(args.suite)
+    from ..suite import SuiteError
     from .quick import model_flag, suite_text
 
-    text = suite_text(args)
-    return parse_suite(text, model_flag(args.model))
+    try:
+        return parse_suite(suite_text(args), model_flag(args.model))
+    except SuiteError as exc:  # a one-layer model has no "every other layer": none and full
+        if exc.key != "sweep.every_n_layers" or args.every_n_layers:
+            raise
+        return parse_suite(suite_text(args, [0, 1]), model_flag(args.model))
 
 
 def cmd_sweep(args) -> int:
@@ -202,6 +207,8 @@ def cmd_sweep(args) -> int:
     if problem and not args.dry_run:
         raise UsageError(problem)  # one line now, not a TypeError in every point
     out = args.out or os.path.join("results", f"{suite.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.model and not args.report:  # a quick sweep ends with its report, as `make bench` does
+        args.report = os.path.join(out, "report.html")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     cases = plan(suite, args.shard)
     if args.dry_run or args.list:

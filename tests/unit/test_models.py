@@ -48,6 +48,7 @@ def test_quick_form_writes_its_suite_and_a_rerun_of_it_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (out / "suite.toml").read_text()
     assert 'preset = "mistral-7b"' in text and "layers = 2" in text and "every_n_layers = [0, 1]" in text
+    assert (out / "report.html").is_file()  # a quick sweep ends with its report
     again = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(out / "suite.toml"), "--out",
                             str(out), "--resume"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "resume: 2 cases already in" in again.stderr
@@ -106,3 +107,20 @@ def test_the_checkpointing_method_read_from_the_source_is_the_one_the_class_has(
     assert hasattr(PreTrainedModel, checkpointing_api())
     assert (checkpointing_api() == "activation_checkpointing_enable") == hasattr(
         PreTrainedModel, "activation_checkpointing_enable")
+
+
+def test_a_quick_sweep_compares_none_every_other_layer_and_full_by_default():
+    from ckptbench.cli import build_parser
+    from ckptbench.cli.sweep import _suite
+
+    def strategies(*flags):
+        args = build_parser().parse_args(["sweep", "--model", "llama-tiny", "--seq", "32", *flags])
+        return [c.strategy for c in _suite(args).cases]
+
+    assert strategies() == ["none+bf16-mixed", "every-2+bf16-mixed", "full+bf16-mixed"]
+    assert strategies("--layers", "1") == ["none+bf16-mixed", "full+bf16-mixed"]  # no "every other" of one layer
+    assert strategies("--every-n-layers", "1", "--precision", "fp32") == ["full"]
+    # on CUDA offload moves the checkpointed inputs to the host: each checkpointed setting with it too
+    assert strategies("--device", "cuda", "--attn", "eager") == [
+        "none+bf16-mixed", "every-2+bf16-mixed", "every-2+offload+bf16-mixed", "full+bf16-mixed",
+        "full+offload+bf16-mixed"]
