@@ -185,22 +185,23 @@ def run_label(case) -> str:
 
 
 def render(case, seq: int, options, a, why_nothing: str = "") -> str:
-    from ..theory.plan import recommendation
+    from ..theory.plan import merged, recommendation, shown_rows
 
     gib = 2**30
     ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""
     ranks += ", FSDP2: memory per rank" if a.sharding == "fsdp" else ""
     lines = [f"{run_label(case)} at seq {seq}, "
              f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
-             f"{'strategy':<18} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
-    shown = options[:SHOWN]
+             f"{'strategy':<34} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
+    shown, rows = shown_rows(options, SHOWN), merged(options)
     for o in shown:
-        lines.append(f"{o.strategy:<18} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
+        lines.append(f"{o.strategy:<34} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
                      f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "
                      f"{'-' if o.step_s is None else f'{o.step_s:.3f}':>8} "
                      f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
-    if len(shown) < len(options):
-        lines.append(f"... {len(options) - len(shown)} slower or smaller strategies more (--json lists all)")
+    if len(shown) < len(rows):
+        lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
+                     "--json lists each)")
     lines.append(f"recommended: {why_nothing or recommendation(options)}")
     lines.append("assumed: " + "; ".join(
         [f"efficiency {a.efficiency:.0%} of peak FLOP/s ({a.sources.get('efficiency', 'default')})"]

@@ -28,7 +28,9 @@ def load_plan(run_dir: str) -> dict | None:
 
 def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
     """Largest batch (bars) and predicted tokens/s (points) per strategy, the fastest first."""
-    options = [o for o in plan["options"] if o["max_batch"]][:shown]
+    from matplotlib.ticker import MaxNLocator
+
+    options = [o for o in plan.get("rows", plan["options"]) if o["max_batch"]][:shown]
     if not options:
         return None
     names = [o["strategy"] for o in options]
@@ -38,9 +40,11 @@ def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
         ax.bar(range(len(names)), [o["max_batch"] for o in options], color=colors)
         ax.set_xticks(range(len(names)), names, rotation=60, ha="right")
         ax.set_ylabel("largest batch that fits")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # batches are whole numbers
         tps = ax.twinx()
         tps.plot(range(len(names)), [o["tokens_per_s"] or 0 for o in options], "o", color="black")
         tps.set_ylabel("predicted tokens/s")
+        tps.set_ylim(bottom=0)  # from zero: a 1 % difference looks like one
         uri = _encode(fig)
     return Figure("Plan: largest batch and predicted tokens/s per strategy", uri,
                   "bars: largest fitting batch per strategy; points: predicted tokens/s",
@@ -87,6 +91,16 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
     return rows
 
 
+def _where(plan: dict) -> str:
+    """The memory planned for and where: "79.19 GiB on NVIDIA H100 80GB HBM3 × 8 ranks"."""
+    a = plan.get("assumptions") or {}
+    memory = a.get("memory_bytes")
+    where = f"{memory / 2**30:.2f} GiB" if isinstance(memory, (int, float)) else "memory not stated"
+    where += f" on {a.get('device_name') or a.get('device') or 'an unnamed device'}"
+    world = a.get("world") or 1
+    return where + (f" × {world} ranks ({a.get('sharding', 'ddp')})" if world > 1 else "")
+
+
 def plan_page(plan: dict) -> str:
     """A plan on its own, as one self-contained HTML page: the chart, every strategy, the assumptions."""
     from html import escape
@@ -101,13 +115,13 @@ def plan_page(plan: dict) -> str:
         f"<td>{o['max_batch']}</td><td>{cell(o['max_seq'], 'd')}</td>"
         f"<td>{cell(None if o['peak_bytes'] is None else o['peak_bytes'] / gib, '.2f')}</td>"
         f"<td>{cell(o['step_s'], '.3f')}</td><td>{cell(o['tokens_per_s'], ',.0f')}</td></tr>"
-        for k, o in enumerate(plan["options"]))
+        for k, o in enumerate(plan.get("rows", plan["options"])))
     sources = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>"
                       for k, v in (plan["assumptions"].get("sources") or {}).items())
     return (f"<!doctype html><html><head><meta charset=utf-8><title>Plan: {escape(str(plan.get('model')))}</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
             "td:first-child{text-align:left}.best{background:#fde0dc;font-weight:bold}</style></head><body>"
-            f"<h1>Plan: {escape(str(plan.get('model')))} at seq {plan.get('seq_len')}</h1>"
+            f"<h1>Plan: {escape(str(plan.get('model')))} at seq {plan.get('seq_len')}, {escape(_where(plan))}</h1>"
             f"<p><strong>Recommended:</strong> {escape(plan['recommendation'])}</p>"
             + (f"<img alt='{escape(fig.alt)}' src='{fig.uri}'>" if fig else "")
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"

@@ -211,6 +211,46 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))
 
 
+def _family(o: Option) -> str:
+    name = "none" if o.every_n_layers == 0 else "full" if o.every_n_layers == 1 else "every-n"
+    return name + ("+offload" if o.offload else "")
+
+
+def merged(options: list[Option]) -> list[Option]:
+    """One row per distinct answer: strategies of one family whose every predicted figure is the same
+    (every-16 … every-31 of 32 layers each checkpoint two layers) become one row, named by their range."""
+    rows: list[Option] = []
+    runs: list[list[Option]] = []
+    for o in options:
+        key = (_family(o), o.max_batch, o.max_seq, o.peak_bytes, o.step_s, o.tokens_per_s)
+        last = runs[-1][-1] if runs else None
+        if last is not None and key == (_family(last), last.max_batch, last.max_seq, last.peak_bytes,
+                                         last.step_s, last.tokens_per_s):
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    for run in runs:
+        first = run[0]
+        if len(run) == 1:
+            rows.append(first)
+            continue
+        ns = sorted(o.every_n_layers for o in run)
+        suffix = "+offload" if first.offload else ""
+        rows.append(replace(first, strategy=f"every-{ns[0]}…{ns[-1]}{suffix} ({len(run)} settings)"))
+    return rows
+
+
+def shown_rows(options: list[Option], count: int) -> list[Option]:
+    """The first `count` merged rows, and the best row of each family (none, every-n, full, each with and
+    without offload) that is not among them: the real alternatives stay in view."""
+    rows = merged(options)
+    shown = rows[:count]
+    for family in dict.fromkeys(_family(o) for o in rows):
+        if not any(_family(o) == family for o in shown):
+            shown.append(next(o for o in rows if _family(o) == family))
+    return shown
+
+
 def recommendation(options: list[Option]) -> str:
     """The fastest fitting option, the runner-up, and why the one beats the other."""
     fitting = [o for o in options if o.max_batch and o.tokens_per_s]
@@ -273,6 +313,7 @@ def nothing_fits(model, seq: int, a: Assumptions, predict, setup: Setup = Setup(
 def to_dict(options: list[Option], a: Assumptions, seq: int | None = None, model: str | None = None,
             why_nothing: str = "") -> dict:
     return {"model": model, "seq_len": seq, "assumptions": asdict(a), "options": [asdict(o) for o in options],
+            "rows": [asdict(o) for o in merged(options)],  # equivalent strategies as one row
             "recommendation": why_nothing if why_nothing and not any(o.max_batch for o in options)
             else recommendation(options)}
 

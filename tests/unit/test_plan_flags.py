@@ -55,3 +55,38 @@ def test_every_planned_card_is_what_torch_sees_and_has_a_datasheet_rate():
         # memory chips come in GiB; the driver keeps some of it back
         assert 0.9 * marketed * 10**9 < memory < marketed * gib, card
         assert planner.datasheet_peak(name, "bf16"), card
+
+
+def test_equivalent_strategies_are_one_row_and_every_family_stays_in_view():
+    from ckptbench.spec import preset
+    from ckptbench.theory.plan import Assumptions, merged, plan, shown_rows
+
+    options = plan(preset("llama-8b", dtype="bf16", attn="sdpa"), 8192,
+                   Assumptions(memory_bytes=150 * 2**30, device="cuda", device_name="H200", peak_flops_per_s=989e12))
+    rows = merged(options)
+    assert len(rows) < len(options)
+    # every-16 ... every-31 of 32 layers each checkpoint layers 0 and 16..31's first: one answer, one row
+    sixteen = next(r for r in rows if r.strategy.startswith("every-16…31 ") and not r.offload)
+    assert sixteen.strategy == "every-16…31 (16 settings)"
+    same = [o for o in options if 16 <= o.every_n_layers <= 31 and not o.offload]
+    assert {(o.max_batch, o.peak_bytes, o.tokens_per_s) for o in same} == {
+        (sixteen.max_batch, sixteen.peak_bytes, sixteen.tokens_per_s)}
+    # no two rows of one family say the same thing
+    keys = [(r.offload, r.every_n_layers in (0, 1), r.max_batch, r.max_seq, r.peak_bytes, r.tokens_per_s) for r in rows]
+    assert len(keys) == len(set(keys))
+    shown = shown_rows(options, 3)
+    assert {"none", "full", "full+offload"} <= {r.strategy for r in shown}
+
+
+def test_the_plan_page_titles_the_card_precision_and_memory_and_draws_from_zero():
+    from ckptbench.report.plan_section import plan_page
+    from ckptbench.spec import preset
+    from ckptbench.theory.plan import Assumptions, plan, to_dict
+
+    a = Assumptions(memory_bytes=81089 * 2**20, device="cuda", device_name="NVIDIA H100 80GB HBM3",
+                    peak_flops_per_s=989e12)
+    options = plan(preset("llama-1b", dtype="bf16", attn="sdpa"), 4096, a)
+    page = plan_page(to_dict(options, a, 4096, "llama-1b (llama, 16 layers, bf16 sdpa)"))
+    title = page[page.index("<h1>"):page.index("</h1>")]
+    assert "bf16" in title and "79.19 GiB on NVIDIA H100 80GB HBM3" in title and "seq 4096" in title
+    assert page.count("<tr") - 1 == len(to_dict(options, a)["rows"]) < len(options)
