@@ -126,8 +126,8 @@ def largest_local_elements(spec: ModelSpec, world: int, rank: int) -> int:
     return max(local_elements(s, world, rank) for shapes in unit_shapes(spec).values() for s in shapes)
 
 
-def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
-    """(phase, bytes) of every moment of one rank's step under FSDP2, in step order: the single-process
+def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int, int]]:
+    """(phase, bytes, gathered) of every moment of one rank's step under FSDP2, in step order: the single-process
     walk (:func:`ckptbench.theory.estimate.estimate`) of the rank's micro-batch with FSDP2's buffers
     added and the gradients of the units already reduce-scattered counted as shards.
 
@@ -193,28 +193,30 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
     for phase, kind, acts, grads in single.moments:
         i = int(phase.rsplit("-", 1)[1]) if phase.startswith("backward-layer-") else None
         done = 0  # layers whose gradients are shards by now
+        gathered = ur  # unsharded parameters (the root; a layer's once copied out of its flat output)
         if kind == "forward":
             extra = ur + u
         elif kind == "head":
             extra = ur + u
         elif kind == "boundary" and i == last:
-            phase, extra = "backward-head", ur + 2 * u
+            phase, extra, gathered = "backward-head", ur + 2 * u, ur + u
         elif kind == "boundary" and i is not None:
             extra, done = ur + u + 2 * ug + linger, last - i
         elif kind == "boundary":
             extra, done = ur + 2 * ug + linger, spec.layers
         elif kind == "layer":
             extra, done = ur + u + (u if i > 0 else 0) + (ug if i < last else 0), last - i
+            gathered = ur + u
         elif kind == "embedding":
             extra, done = ur + ug, spec.layers
             embedding_acts = acts - spec.vocab * spec.hidden * p - p * case.batch_size * case.seq_len * spec.hidden
         else:
             continue  # the optimizer: below
         sharded = grads - g0 - (0 if accum else done * (layer_grads - s)) + (shards if accum else 0)
-        out.append((phase, static + extra + acts + sharded))
+        out.append((phase, static + extra + acts + sharded, gathered))
     head_grad = 0 if spec.tie_embeddings else spec.vocab * spec.hidden * p
-    out.append(("backward-embedding", static + 2 * urg + shards + head_grad + embedding_acts))
-    out.append(("optimizer", static + shards + 2 * largest_local_elements(spec, n, rank) * b))
+    out.append(("backward-embedding", static + 2 * urg + shards + head_grad + embedding_acts, 0))
+    out.append(("optimizer", static + shards + 2 * largest_local_elements(spec, n, rank) * b, 0))
     return out
 
 
@@ -229,8 +231,11 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
     * ``optimizer_bytes``: AdamW's two moments of the rank's chunks (unpadded: ``zeros_like`` of a sharded
       parameter is its local chunk, so with padding the last ranks hold less) plus one fp32 step scalar
       per parameter;
-    * ``peak_params_bytes``: the params at a moment inside a layer: the shards plus the unsharded root
-      (FSDP2 keeps it gathered from forward into backward) plus one unsharded layer.
+    * ``peak_params_bytes``: the params at the peak's moment: the shards plus the unsharded root (FSDP2
+      keeps it gathered from forward into backward), plus one unsharded layer where the peak falls inside a
+      layer (not at the loss or in the head's backward: the last layer's gathered flat output is no
+      parameter until its pre-backward copies it out).  Unsharded parameters are in the compute dtype
+      (bf16 under bf16-mixed), the shards in the model's.
     """
     from .params import param_count
 
@@ -240,19 +245,20 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
     shards = spec.layers * shard["layer"] + shard["root"]
     params = shards + counts.buffers_bytes
     optimizer = 2 * rank_state_bytes(spec, n, rank) + 4 * counts.n_tensors
-    unsharded_root, unsharded_layer = n * shard["root"], n * shard["layer"]
+    p, b = DTYPES[param_dtype(spec, case.setup.autocast)], DTYPES[spec.dtype]
+    unsharded_root, unsharded_layer = n * shard["root"] * p // b, n * shard["layer"] * p // b
     moments = rank_moments(case, rank)
     phases: dict[str, int] = {}
-    peak_phase, peak = "", -1
-    for phase, total in moments:
+    peak_phase, peak, peak_gathered = "", -1, 0
+    for phase, total, gathered in moments:
         phases[phase] = max(phases.get(phase, 0), total)
         if total > peak:  # the first moment to reach the maximum names it, as the tracker does
-            peak_phase, peak = phase, total
+            peak_phase, peak, peak_gathered = phase, total, gathered
     return {
         "source": "analytic-fsdp",
         "params_bytes": params,
         "optimizer_bytes": optimizer,
-        "peak_params_bytes": params + unsharded_root + unsharded_layer,
+        "peak_params_bytes": params + peak_gathered,
         "unsharded_root_bytes": unsharded_root,
         "unsharded_layer_bytes": unsharded_layer,
         "peak_bytes": peak,
