@@ -155,6 +155,17 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int, int]]:
       collective ends);
     * the optimizer step: the shards' gradients and AdamW's two temporaries of the rank's largest chunk.
 
+    ``gathered`` is the unsharded parameters at the moment (the tracker's ``params`` beyond the shards):
+    the root, and a layer once its pre-backward has copied it out of its flat output.
+
+    bf16-mixed (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the walk is a pure-bf16
+    model's (FSDP2 computes over bf16 unsharded parameters, no autocast); U, U_r, the flat all-gather
+    outputs and the current layer's gradients are bf16, while the shards, their gradients, the
+    reduce-scatter input and output and gloo's copy are fp32 (FSDP2 casts the bf16 gradients into the fp32
+    reduce-scatter input as it copies them in).  The bf16 copy of a shard an all-gather sends lives only
+    inside the gather (below the peak).  Exact on llama-, qwen2- and gpt2-tiny at world 2 and llama-tiny
+    at world 3 (docs/fsdp.md).
+
     Not modelled (below the peak on every measured point, docs/fsdp.md): moments inside a layer's forward
     (its unsharded parameters and flat output, 2U, beside that layer's transient buffers), the input ids
     and loss scalars still alive in the optimizer step, and (GPT-2) part of the optimizer step.
