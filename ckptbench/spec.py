@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from .runsetup import (  # noqa: F401  (the kinds of run, re-exported: a Case's setup is part of what a point is)
     LOOPS,
@@ -247,6 +247,18 @@ def not_analytic_because(model: ModelSpec, setup: Setup, device: str = "cpu") ->
         return (f"the analytic estimate covers {setup.autocast}-mixed for "
                 f"{', '.join(ANALYTIC_MIXED.get(setup.autocast, ())) or 'no family'} on a CPU only")
     return ""
+
+
+def analytic_sharded_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
+    """Whether the per-rank FSDP2 estimate (:func:`ckptbench.theory.fsdp.fsdp_memory_estimate`) describes a
+    model trained so: the analytic estimate of its compute precision describes it unsharded.  bf16-mixed
+    under FSDP2 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 weights) computes
+    over bf16 parameters without autocast, so its compute is a pure-bf16 model's, on any device."""
+    if setup.autocast:
+        if setup.autocast != "bf16" or model.dtype != "fp32":
+            return False
+        model, setup = replace(model, dtype="bf16"), replace(setup, autocast="")
+    return analytic_point(model, replace(setup, sharding="ddp"), device)
 
 
 @dataclass(frozen=True)

@@ -60,17 +60,15 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
     """The analytic estimate where it describes the point (:func:`~ckptbench.spec.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
     simulation extrapolated to full depth."""
-    from ..spec import Setup, analytic_point
+    from ..spec import Setup, analytic_point, analytic_sharded_point
     from ..theory import plan as planner
 
     setup = setup or Setup()
     if a.sharding == "fsdp":
-        from dataclasses import replace
-
-        if not analytic_point(spec, replace(setup, sharding="ddp"), a.device) or force_simulation:
+        if not analytic_sharded_point(spec, setup, a.device) or force_simulation:
             raise UsageError("--sharding fsdp is planned from the analytic estimate of one rank: llama, qwen2 or "
-                             "gpt2 shapes in a pure precision (--precision bf16 or fp32) under the manual loop, "
-                             "full fine-tuning with AdamW")
+                             "gpt2 shapes in a pure precision (--precision bf16 or fp32) or bf16-mixed (FSDP2's "
+                             "MixedPrecisionPolicy) under the manual loop, full fine-tuning with AdamW")
         return planner.ShardedAnalytic(a.world)
     if analytic_point(spec, setup, a.device) and not force_simulation:
         return planner.Analytic()

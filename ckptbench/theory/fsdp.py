@@ -70,18 +70,29 @@ def rank_state_bytes(spec: ModelSpec, world: int, rank: int) -> int:
     return (spec.layers * per_unit["layer"] + per_unit["root"]) * DTYPES[spec.dtype]
 
 
-def unit_shard_bytes(spec: ModelSpec, world: int) -> dict[str, int]:
-    """Bytes of one rank's padded shard of a layer unit and of the root unit."""
-    b = DTYPES[spec.dtype]
+def unit_shard_bytes(spec: ModelSpec, world: int, dtype: str = "") -> dict[str, int]:
+    """Bytes of one rank's padded shard of a layer unit and of the root unit, in the model's dtype or in
+    `dtype` (the bf16 copy a mixed-precision all-gather sends)."""
+    b = DTYPES[dtype or spec.dtype]
     return {name: sum(shard_elements(s, world) for s in shapes) * b for name, shapes in unit_shapes(spec).items()}
 
 
-def fsdp_comm_estimate(spec: ModelSpec, world: int, iterations: int) -> dict:
-    """All-gather and reduce-scatter traffic of one rank over `iterations` micro-batches (see the module)."""
+def param_dtype(spec: ModelSpec, autocast: str = "") -> str:
+    """The dtype FSDP2 gathers and computes in: the model's, or under bf16-mixed
+    (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``) bf16; the shards, their gradients,
+    the reduce-scatter and AdamW's state stay in the model's (fp32)."""
+    return autocast or spec.dtype
+
+
+def fsdp_comm_estimate(spec: ModelSpec, world: int, iterations: int, autocast: str = "") -> dict:
+    """All-gather and reduce-scatter traffic of one rank over `iterations` micro-batches (see the module).
+    Under bf16-mixed (`autocast` "bf16") the all-gather sends the bf16 copy of the shard (half the bytes)
+    and the reduce-scatter runs in fp32 (``reduce_dtype``): the bf16 gradients are cast into its input."""
     if world < 2:
         raise ValueError("sharded data parallel needs world_size >= 2")
     shard = unit_shard_bytes(spec, world)
-    gather_step = 2 * spec.layers * shard["layer"] + shard["root"]
+    gathered = unit_shard_bytes(spec, world, param_dtype(spec, autocast))
+    gather_step = 2 * spec.layers * gathered["layer"] + gathered["root"]
     scatter_step = world * (spec.layers * shard["layer"] + shard["root"])
     ag, rs = gather_step * iterations, scatter_step * iterations
     return {
@@ -100,7 +111,7 @@ def fsdp_case_comm(case: Case) -> dict:
     """:func:`fsdp_comm_estimate` for every micro-batch a Case's run trains (warm-up, memory, timed)."""
     t = case.train
     return fsdp_comm_estimate(case.model, case.world_size,
-                              (t.warmup_steps + t.memory_steps + t.steps) * case.grad_accum)
+                              (t.warmup_steps + t.memory_steps + t.steps) * case.grad_accum, case.setup.autocast)
 
 
 # Relative tolerance of the per-rank peak in a record's checks.  The composition equals the exact tracker
@@ -115,8 +126,8 @@ def largest_local_elements(spec: ModelSpec, world: int, rank: int) -> int:
     return max(local_elements(s, world, rank) for shapes in unit_shapes(spec).values() for s in shapes)
 
 
-def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
-    """(phase, bytes) of every moment of one rank's step under FSDP2, in step order: the single-process
+def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int, int]]:
+    """(phase, bytes, gathered) of every moment of one rank's step under FSDP2, in step order: the single-process
     walk (:func:`ckptbench.theory.estimate.estimate`) of the rank's micro-batch with FSDP2's buffers
     added and the gradients of the units already reduce-scattered counted as shards.
 
@@ -144,6 +155,17 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
       collective ends);
     * the optimizer step: the shards' gradients and AdamW's two temporaries of the rank's largest chunk.
 
+    ``gathered`` is the unsharded parameters at the moment (the tracker's ``params`` beyond the shards):
+    the root, and a layer once its pre-backward has copied it out of its flat output.
+
+    bf16-mixed (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the walk is a pure-bf16
+    model's (FSDP2 computes over bf16 unsharded parameters, no autocast); U, U_r, the flat all-gather
+    outputs and the current layer's gradients are bf16, while the shards, their gradients, the
+    reduce-scatter input and output and gloo's copy are fp32 (FSDP2 casts the bf16 gradients into the fp32
+    reduce-scatter input as it copies them in).  The bf16 copy of a shard an all-gather sends lives only
+    inside the gather (below the peak).  Exact on llama-, qwen2- and gpt2-tiny at world 2 and llama-tiny
+    at world 3 (docs/fsdp.md).
+
     Not modelled (below the peak on every measured point, docs/fsdp.md): moments inside a layer's forward
     (its unsharded parameters and flat output, 2U, beside that layer's transient buffers), the input ids
     and loss scalars still alive in the optimizer step, and (GPT-2) part of the optimizer step.
@@ -159,41 +181,53 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int]]:
     b = spec.bytes_per_element
     shards = spec.layers * shard["layer"] + shard["root"]
     static = shards + counts.buffers_bytes + 2 * rank_state_bytes(spec, n, rank) + 4 * counts.n_tensors
-    s, u, ur, last = shard["layer"], n * shard["layer"], n * shard["root"], spec.layers - 1
-    layer_grads = counts.per_layer * b
-    single = estimate_case(replace(case, world_size=1, local_sgd_steps=0, setup=replace(case.setup, sharding="ddp")))
+    s, last = shard["layer"], spec.layers - 1
+    # unsharded parameters and flat all-gather outputs are in the compute dtype (p), the reduce-scatter
+    # input and gloo's copy of it in the model's (fp32 under bf16-mixed: reduce_dtype)
+    compute = param_dtype(spec, case.setup.autocast)
+    p = DTYPES[compute]
+    u, ur = n * shard["layer"] * p // b, n * shard["root"] * p // b
+    ug, urg = n * shard["layer"], n * shard["root"]
+    layer_grads = counts.per_layer * p  # this layer's unsharded gradients, in the compute dtype
+    # the single-process step of the compute dtype: bf16-mixed under FSDP2 computes over bf16 parameters
+    # without autocast, as a pure-bf16 model does
+    single_model = replace(spec, dtype=compute)
+    single = estimate_case(replace(case, model=single_model, world_size=1, local_sgd_steps=0,
+                                   setup=replace(case.setup, sharding="ddp", autocast="")))
     accum = case.grad_accum > 1
     g0 = single.grads_bytes if accum else 0  # the single step's full gradients before the last micro-batch
     # at a layer's post-backward autograd still holds its input norm's weight gradient (the op that
     # made it is the layer's first; it is freed once the hook returns)
-    linger = spec.hidden * b
+    linger = spec.hidden * p
     out: list[tuple[str, int]] = []
     embedding_acts = 0
     for phase, kind, acts, grads in single.moments:
         i = int(phase.rsplit("-", 1)[1]) if phase.startswith("backward-layer-") else None
         done = 0  # layers whose gradients are shards by now
+        gathered = ur  # unsharded parameters (the root; a layer's once copied out of its flat output)
         if kind == "forward":
             extra = ur + u
         elif kind == "head":
             extra = ur + u
         elif kind == "boundary" and i == last:
-            phase, extra = "backward-head", ur + 2 * u
+            phase, extra, gathered = "backward-head", ur + 2 * u, ur + u
         elif kind == "boundary" and i is not None:
-            extra, done = ur + 3 * u + linger, last - i
+            extra, done = ur + u + 2 * ug + linger, last - i
         elif kind == "boundary":
-            extra, done = ur + 2 * u + linger, spec.layers
+            extra, done = ur + 2 * ug + linger, spec.layers
         elif kind == "layer":
-            extra, done = ur + u + (u if i > 0 else 0) + (u if i < last else 0), last - i
+            extra, done = ur + u + (u if i > 0 else 0) + (ug if i < last else 0), last - i
+            gathered = ur + u
         elif kind == "embedding":
-            extra, done = ur + u, spec.layers
-            embedding_acts = acts - spec.vocab * spec.hidden * b - b * case.batch_size * case.seq_len * spec.hidden
+            extra, done = ur + ug, spec.layers
+            embedding_acts = acts - spec.vocab * spec.hidden * p - p * case.batch_size * case.seq_len * spec.hidden
         else:
             continue  # the optimizer: below
         sharded = grads - g0 - (0 if accum else done * (layer_grads - s)) + (shards if accum else 0)
-        out.append((phase, static + extra + acts + sharded))
-    head_grad = 0 if spec.tie_embeddings else spec.vocab * spec.hidden * b
-    out.append(("backward-embedding", static + 2 * ur + shards + head_grad + embedding_acts))
-    out.append(("optimizer", static + shards + 2 * largest_local_elements(spec, n, rank) * b))
+        out.append((phase, static + extra + acts + sharded, gathered))
+    head_grad = 0 if spec.tie_embeddings else spec.vocab * spec.hidden * p
+    out.append(("backward-embedding", static + 2 * urg + shards + head_grad + embedding_acts, 0))
+    out.append(("optimizer", static + shards + 2 * largest_local_elements(spec, n, rank) * b, 0))
     return out
 
 
@@ -208,8 +242,11 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
     * ``optimizer_bytes``: AdamW's two moments of the rank's chunks (unpadded: ``zeros_like`` of a sharded
       parameter is its local chunk, so with padding the last ranks hold less) plus one fp32 step scalar
       per parameter;
-    * ``peak_params_bytes``: the params at a moment inside a layer: the shards plus the unsharded root
-      (FSDP2 keeps it gathered from forward into backward) plus one unsharded layer.
+    * ``peak_params_bytes``: the params at the peak's moment: the shards plus the unsharded root (FSDP2
+      keeps it gathered from forward into backward), plus one unsharded layer where the peak falls inside a
+      layer (not at the loss or in the head's backward: the last layer's gathered flat output is no
+      parameter until its pre-backward copies it out).  Unsharded parameters are in the compute dtype
+      (bf16 under bf16-mixed), the shards in the model's.
     """
     from .params import param_count
 
@@ -219,19 +256,20 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
     shards = spec.layers * shard["layer"] + shard["root"]
     params = shards + counts.buffers_bytes
     optimizer = 2 * rank_state_bytes(spec, n, rank) + 4 * counts.n_tensors
-    unsharded_root, unsharded_layer = n * shard["root"], n * shard["layer"]
+    p, b = DTYPES[param_dtype(spec, case.setup.autocast)], DTYPES[spec.dtype]
+    unsharded_root, unsharded_layer = n * shard["root"] * p // b, n * shard["layer"] * p // b
     moments = rank_moments(case, rank)
     phases: dict[str, int] = {}
-    peak_phase, peak = "", -1
-    for phase, total in moments:
+    peak_phase, peak, peak_gathered = "", -1, 0
+    for phase, total, gathered in moments:
         phases[phase] = max(phases.get(phase, 0), total)
         if total > peak:  # the first moment to reach the maximum names it, as the tracker does
-            peak_phase, peak = phase, total
+            peak_phase, peak, peak_gathered = phase, total, gathered
     return {
         "source": "analytic-fsdp",
         "params_bytes": params,
         "optimizer_bytes": optimizer,
-        "peak_params_bytes": params + unsharded_root + unsharded_layer,
+        "peak_params_bytes": params + peak_gathered,
         "unsharded_root_bytes": unsharded_root,
         "unsharded_layer_bytes": unsharded_layer,
         "peak_bytes": peak,

@@ -109,7 +109,9 @@ class Analytic:
 class ShardedAnalytic(Analytic):
     """One FSDP2 rank's peak (:func:`.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
     layers in flight, FSDP2's all-gather and reduce-scatter buffers, the activations of its micro-batch;
-    equal to what was measured on CPU, :data:`.fsdp.PEAK_TOLERANCE`) for the families and precisions the analytic estimate describes."""
+    equal to what was measured on CPU, :data:`.fsdp.PEAK_TOLERANCE`) for the families and precisions the
+    analytic estimate describes (:func:`~ckptbench.spec.analytic_sharded_point`: pure, or bf16-mixed as
+    FSDP2's MixedPrecisionPolicy runs it, bf16 compute over fp32 shards)."""
 
     source = "analytic estimate, one FSDP2 rank (theory/fsdp.py)"
 
@@ -124,7 +126,7 @@ class ShardedAnalytic(Analytic):
 
     def collectives(self, case: Case) -> tuple[int, float]:
         """(collectives, bus bytes) of one optimizer step: the all-gathers and reduce-scatters."""
-        comm = fsdp_comm_estimate(case.model, self.world, case.grad_accum)
+        comm = fsdp_comm_estimate(case.model, self.world, case.grad_accum, case.setup.autocast)
         return (comm["allgather_count"] + comm["reduce_scatter_count"],
                 comm["allgather_bus_bytes"] + comm["reduce_scatter_bus_bytes"])
 

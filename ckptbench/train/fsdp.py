@@ -46,16 +46,32 @@ from .data import rank_data
 from .models import build_model
 
 
-def shard_model(model: torch.nn.Module, device: torch.device) -> dict:
-    """``fully_shard`` on each decoder layer, then on the root; returns the per-rank layout it made."""
+def mixed_precision_policy(autocast: str):
+    """FSDP2's ``MixedPrecisionPolicy`` for a mixed precision (``autocast`` names the compute dtype), or None
+    for a pure one: bf16 unsharded parameters (the forward and backward compute in bf16, no torch.autocast),
+    gradients reduce-scattered in fp32 into the fp32 sharded master weights' gradients."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if not autocast:
+        return None
+    if autocast != "bf16":
+        raise ValueError(f"FSDP2 mixed precision is built for bf16 only, not {autocast!r}")
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, autocast: str = "") -> dict:
+    """``fully_shard`` on each decoder layer, then on the root (with the mixed-precision policy of
+    `autocast` on every unit); returns the per-rank layout it made."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mixed_precision_policy(autocast)
+    kwargs = {"mp_policy": policy} if policy is not None else {}
     layers = decoder_layers(model)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
     return {"units": len(layers) + 1, "layers": len(layers)}
 
 
@@ -93,8 +109,8 @@ def _train(case: Case) -> dict:
         dist.init_process_group("nccl" if case.device == "cuda" else "gloo")
     assert dist.is_initialized() and dist.get_world_size() == case.world_size > 1, (
         f"needs a torchrun group of case.world_size={case.world_size} > 1 ranks")
-    if case.setup.autocast:
-        raise ValueError("fsdp points run in a pure precision here (no MixedPrecisionPolicy is built)")
+    if case.setup.autocast and case.model.dtype != "fp32":
+        raise ValueError("FSDP2 mixed precision keeps fp32 sharded master weights: the model must be fp32")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu") if case.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
     train = case.train
@@ -103,7 +119,7 @@ def _train(case: Case) -> dict:
     enable_checkpointing(model, case.every_n_layers, case.offload)
     full_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     n_param_tensors = len(list(model.parameters()))
-    layout = shard_model(model, device)
+    layout = shard_model(model, device, case.setup.autocast)
     local_param_bytes = local_bytes(model.parameters())  # the shards, before any step gathers them
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
 

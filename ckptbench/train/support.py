@@ -23,9 +23,11 @@ def refusal(case: Case) -> str | None:
         return qlora_refusal(setup.lora.quantize)
     if setup.lora is not None and case.world_size > 1:
         return "LoRA adapters on more than one rank are not built by this version of ckptbench yet"
-    if setup.sharding == "fsdp" and setup.autocast:
-        return ("fsdp points run in a pure precision: FSDP2's MixedPrecisionPolicy is not built by this "
-                "version of ckptbench")
+    if setup.sharding == "fsdp" and setup.autocast and setup.autocast != "bf16":
+        # bf16-mixed is FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32); fp16 would also
+        # need a sharded gradient scaler
+        return (f"fsdp points run {setup.autocast}-mixed only as bf16-mixed (FSDP2's MixedPrecisionPolicy): "
+                "fp16 under FSDP2 needs a sharded gradient scaler, not built by this version of ckptbench")
     if setup.sharding == "fsdp" and setup.loop != "manual":
         return (f"fsdp points run the plain FSDP2 loop; the {setup.loop} loop over fully_shard is not built "
                 "by this version of ckptbench")

@@ -1,8 +1,10 @@
 """The FSDP2 formulas against counts worked out by hand (tests/e2e/test_fsdp.py holds them to a real run)."""
 
+from dataclasses import replace
+
 import pytest
 
-from ckptbench.spec import PRESETS, Case, Setup, TrainSpec, preset
+from ckptbench.spec import PRESETS, Case, Setup, TrainSpec, analytic_sharded_point, preset
 from ckptbench.theory.fsdp import (
     fsdp_case_comm,
     fsdp_comm_estimate,
@@ -14,6 +16,7 @@ from ckptbench.theory.fsdp import (
     unit_shard_bytes,
 )
 from ckptbench.theory.params import param_count
+from ckptbench.train.support import refusal
 
 
 def test_shards_pad_dim0_to_a_multiple_of_the_world():
@@ -71,7 +74,10 @@ def test_case_counts_every_micro_batch_and_the_memory_parts():
     mem = fsdp_memory_estimate(case)
     assert mem["params_bytes"] == 4 * 73_984 + 65_664 + 64  # shards + the two rotary buffers (not sharded)
     assert mem["optimizer_bytes"] == 2 * (4 * 73_984 + 65_664) + 4 * 39  # two moments + a step per tensor
-    assert mem["peak_params_bytes"] == mem["params_bytes"] + 2 * 65_664 + 2 * 73_984
+    # the second micro-batch's loss backward is the peak: the root gathered, the last layer only as its
+    # flat all-gather output (not yet copied out into parameters)
+    assert mem["peak_phase"] == "backward-head"
+    assert mem["peak_params_bytes"] == mem["params_bytes"] + 2 * 65_664
     assert mem["peak_bytes"] == max(mem["phases"].values())
 
 
@@ -109,3 +115,45 @@ def test_estimate_prints_each_fsdp_rank_and_the_collectives(capsys):
         assert row[3] == f"{m['peak_bytes'] / 2**30:.3f}" and row[4] == m["peak_phase"]
     comm = fsdp_comm_estimate(case.model, 3, 1)
     assert f"{comm['allgather_payload_bytes']:,} B" in out[-1] and f"{comm['reduce_scatter_payload_bytes']:,} B" in out[-1]
+
+
+def mixed(every_n: int = 2, device: str = "cpu", autocast: str = "bf16") -> Case:
+    return Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32, every_n_layers=every_n,
+                world_size=2, device=device, setup=Setup(sharding="fsdp", autocast=autocast))
+
+
+def test_bf16_mixed_gathers_bf16_shards_and_reduces_fp32_by_hand():
+    # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): each rank gathers a bf16 copy of its shard
+    # (18,496 layer and 16,416 root elements x 2 B) and reduce-scatters fp32 gradients (N x the fp32 shard)
+    est = fsdp_comm_estimate(preset("llama-tiny"), 2, iterations=1, autocast="bf16")
+    assert est["allgather_payload_bytes"] == 2 * 4 * 36_992 + 32_832 == 657_536 // 2
+    assert est["reduce_scatter_payload_bytes"] == 2 * (4 * 73_984 + 65_664) == 723_200
+    assert (est["allgather_count"], est["reduce_scatter_count"]) == (9, 5)
+    assert fsdp_case_comm(mixed())["allgather_payload_bytes"] == 5 * 328_768  # warm-up, memory, 3 timed steps
+
+
+def test_bf16_mixed_keeps_fp32_shards_and_state_and_gathers_bf16():
+    pure, mix = fsdp_memory_estimate(replace(mixed(), setup=Setup(sharding="fsdp"))), fsdp_memory_estimate(mixed())
+    assert mix["params_bytes"] == pure["params_bytes"] == 4 * 73_984 + 65_664 + 64  # fp32 shards + buffers
+    assert mix["optimizer_bytes"] == pure["optimizer_bytes"]
+    # the unsharded root and layer in bf16: 32,832 and 36,992 elements x 2 B
+    assert (mix["unsharded_root_bytes"], mix["unsharded_layer_bytes"]) == (65_664, 73_984)
+    assert (pure["unsharded_root_bytes"], pure["unsharded_layer_bytes"]) == (131_328, 147_968)
+    assert mix["peak_phase"].startswith("backward-layer-")
+    assert mix["peak_params_bytes"] == mix["params_bytes"] + 65_664 + 73_984
+    assert mix["peak_bytes"] < pure["peak_bytes"]
+
+
+def test_sharded_points_the_estimate_describes():
+    llama = preset("llama-tiny")
+    # bf16-mixed under FSDP2 computes as a pure-bf16 model does, without autocast: described on any device
+    assert analytic_sharded_point(llama, Setup(sharding="fsdp", autocast="bf16"), "cuda")
+    assert analytic_sharded_point(llama, Setup(sharding="fsdp"), "cpu")
+    assert not analytic_sharded_point(llama, Setup(sharding="fsdp", autocast="fp16"), "cuda")
+    assert not analytic_sharded_point(replace(llama, dtype="bf16"), Setup(sharding="fsdp", autocast="bf16"))
+    assert not analytic_sharded_point(llama, Setup(sharding="fsdp", autocast="bf16", loop="trainer"))
+
+
+def test_fsdp_runs_bf16_mixed_and_refuses_fp16_mixed():
+    assert refusal(mixed()) is None
+    assert "sharded gradient scaler" in refusal(mixed(device="cuda", autocast="fp16"))

@@ -50,3 +50,28 @@ def test_plan_writes_a_self_contained_page(tmp_path):
     assert recommended.removeprefix("recommended: ").split(":")[0] in html
     assert html.count("<tr") == 1 + 65 and "class=best" in html and "data:image/svg+xml;base64," in html
     assert "http" not in html.replace("http-equiv", "")  # nothing fetched from elsewhere
+
+
+def test_plan_shards_bf16_mixed_with_fsdp2s_mixed_precision(capsys):
+    import json
+    from dataclasses import replace
+
+    from ckptbench.cli import main
+    from ckptbench.spec import Setup
+    from ckptbench.theory.fsdp import fsdp_memory_estimate
+
+    # bf16-mixed is plan's default precision
+    assert main(["plan", "--model", "llama-8b", "--device", "h100", "--seq", "8192", "--world", "8",
+                 "--sharding", "fsdp", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "bf16-mixed" in out["model"] and out["assumptions"]["sharding"] == "fsdp"
+    best = out["options"][0]
+    case = Case(model=preset("llama-8b", attn="sdpa"), train=TrainSpec(), batch_size=best["max_batch"], seq_len=8192,
+                every_n_layers=best["every_n_layers"], offload=best["offload"], device="cuda", world_size=8,
+                setup=Setup(autocast="bf16", sharding="fsdp"))
+    mixed = fsdp_memory_estimate(case)["peak_bytes"]
+    assert best["peak_bytes"] == mixed
+    # fp32 shards and AdamW state over bf16 compute: above pure bf16, below pure fp32
+    pure = replace(case, setup=Setup(sharding="fsdp"))
+    assert fsdp_memory_estimate(replace(pure, model=replace(case.model, dtype="bf16")))["peak_bytes"] < mixed < \
+        fsdp_memory_estimate(pure)["peak_bytes"]
