@@ -124,31 +124,36 @@ def load_records(path: str, merged: bool = True) -> LoadedRecords:
     if not os.path.exists(path):
         out.problems.append(f"{path}: no records file")
         return out
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    lines = raw.split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            torn = number == len(lines)
-            out.problems.append(f"{path}:{number}: {'truncated last line' if torn else 'unreadable line'} "
-                                f"({len(line)} bytes) ignored")
-            out.skipped += 1
-            continue
-        if isinstance(record, dict) and "case_id" in record and record.get("schema") != SCHEMA_VERSION:
-            why = f"schema {record.get('schema')!r} != {SCHEMA_VERSION}"
-        else:
-            why = record_problem(record)
-        if why:
-            out.problems.append(f"{path}:{number}: not a record ({why}) ignored")
-            out.skipped += 1
-            continue
-        out.records.append(record)
+    with open(path, "rb") as fh:  # line by line: the file is never held whole beside its records
+        for number, line in enumerate(fh, start=1):
+            _read_line(out, path, number, line)
     out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())
     return out
+
+
+def _read_line(out: LoadedRecords, path: str, number: int, line: bytes) -> None:
+    """Parse and check one line (with its newline, if it has one); a record is appended to `out.records`,
+    anything else is counted and listed in `out.problems`."""
+    if not line.strip():
+        return
+    torn = not line.endswith(b"\n")  # only the last line of a file can lack its newline
+    line = line.rstrip(b"\n")
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        out.problems.append(f"{path}:{number}: {'truncated last line' if torn else 'unreadable line'} "
+                            f"({len(line)} bytes) ignored")
+        out.skipped += 1
+        return
+    if isinstance(record, dict) and "case_id" in record and record.get("schema") != SCHEMA_VERSION:
+        why = f"schema {record.get('schema')!r} != {SCHEMA_VERSION}"
+    else:
+        why = record_problem(record)
+    if why:
+        out.problems.append(f"{path}:{number}: not a record ({why}) ignored")
+        out.skipped += 1
+        return
+    out.records.append(record)
 
 
 def latest_per_case(records: list[dict]) -> list[dict]:
