@@ -1,7 +1,7 @@
 """Render one results directory into one self-contained HTML file.
 
-The report is built from the records alone (``store.records.load_records`` → ``to_frame`` → the tidy
-frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
+The report is built from the records alone (``store.records.load_records`` → ``columns.record_frame``
+→ the tidy frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
 time from ``results/<run>/``.  A report is what people read when something went wrong, so rendering never
 fails on bad data: unreadable lines, an empty file or a section that cannot be drawn become visible notes
 in the report instead of a traceback.
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import jinja2
 
 from ..store.files import remove_quietly, write_text_atomic
-from ..store.records import load_records, to_frame
+from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
 from . import checks, figures, localsgd_quality, network_section, plan_section, tables
-from .columns import has, strategies, tidy
+from .columns import has, record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -88,7 +88,7 @@ def _guard(ctx: Context, name: str, fn, default=None):
 
 def _load(path: str, loaded=None):
     loaded = loaded if loaded is not None else load_records(path)
-    frame = to_frame(loaded.records)
+    frame = record_frame(loaded.records)
     t = tidy(frame) if len(frame) else None
     return loaded, frame, t
 
