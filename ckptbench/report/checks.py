@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -163,16 +164,21 @@ def csv_path(html_path: str) -> str:
 
 def _csv_rows(t: pd.DataFrame, failing: bool) -> Iterator[tuple]:
     """The CSV's rows, the failing checks (`failing`) or the others, in record order, as plain tuples."""
-    rest = CSV_FIELDS[5:]
-    plain = (int, float, str)
+    fields = ("verdict", "quantity", *CSV_FIELDS[5:])
+    whole = operator.itemgetter(*fields)  # a check holding every field: one C call for the lot
     for name, strat, cid, checks in zip(settings(t), t["strategy"], t["case_id"], t["checks"]):
         if not isinstance(checks, list):
             continue
         for c in checks:
-            if isinstance(c, dict) and (str(c.get("verdict")) == "fail") == failing:
-                values = [c.get(f) for f in rest]
-                yield (c.get("verdict"), c.get("quantity"), name, strat, cid,
-                       *(v if type(v) in plain else _cell(v) for v in values))
+            if not isinstance(c, dict) or (str(c.get("verdict")) == "fail") != failing:
+                continue
+            try:
+                values = whole(c)
+            except KeyError:
+                values = tuple(c.get(f) for f in fields)
+            if list in map(type, values[2:]) or tuple in map(type, values[2:]):  # None is "" to csv too
+                values = (*values[:2], *(_cell(v) for v in values[2:]))
+            yield (*values[:2], name, strat, cid, *values[2:])
 
 
 def write_checks_csv(t: pd.DataFrame, path: str) -> int:
