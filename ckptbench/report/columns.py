@@ -158,7 +158,10 @@ def record_frame(records: list[dict]) -> pd.DataFrame:
         for key, value in d.items():
             _flat(value, f"env.{key}", leaves)
         for key, value in leaves.items():
-            env.setdefault(key, [None] * n)[i] = value
+            column = env.get(key)
+            if column is None:
+                column = env[key] = [None] * n
+            column[i] = value
     columns.update(env)
     return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()}) if n else pd.DataFrame()
 
