@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 
 import numpy as np
@@ -243,3 +244,24 @@ def test_a_large_run_draws_its_scatters_thinned_and_says_so(big_run):
         assert shown == n and drawn < n
     small = scatters.pareto(t.head(50))
     assert "drawn as one marker" not in small.caption
+
+
+def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monkeypatch):
+    from ckptbench.errors import UsageError
+    from ckptbench.store import compare as store_compare
+
+    old, new = write_run(str(tmp_path / "old"), 120, seed=0), write_run(str(tmp_path / "new"), 120, seed=1)
+    one_by_one = store_compare.compare_paths(old, new).to_dict()
+    monkeypatch.setattr(store_compare, "PARALLEL_BYTES", 0)  # every run counts as large
+    forked = []
+    real = store_compare.ProcessPoolExecutor
+    monkeypatch.setattr(store_compare, "ProcessPoolExecutor", lambda *a, **k: forked.append(1) or real(*a, **k))
+    assert store_compare.compare_paths(old, new).to_dict() == one_by_one
+    assert forked == [1] or len(os.sched_getaffinity(0)) == 1
+    for side in ("bad_old", "bad_new"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "records.jsonl").write_text("not json\n")
+    with pytest.raises(UsageError, match="bad_old"):  # the old side's error first, as when read in turn
+        store_compare.compare_paths(str(tmp_path / "bad_old"), str(tmp_path / "bad_new"))
+    with pytest.raises(UsageError, match="bad_new"):
+        store_compare.compare_paths(old, str(tmp_path / "bad_new"))
