@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -29,6 +30,7 @@ def require_records(run: str, what: str):
     if not loaded.records:
         why = loaded.problems[0] if loaded.problems else "the records file is empty"
         raise UsageError(f"{run}: no readable records ({why}); nothing to {what}")
+    gc.freeze()  # the records live until the command ends: the cycle collector need not walk them again
     return loaded
 
 
@@ -78,8 +80,9 @@ def cmd_compare(args) -> int:
     else:
         console = Console(width=None if sys.stdout.isatty() else 160)
         console.print(comparison_table(comparison, args.old, args.new))
-        for line in summary_lines(comparison):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        lines = summary_lines(comparison)  # thousands of lines when many points moved: one print, not one each
+        if lines:
+            console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 1 if comparison.failed else 0
 
 

@@ -9,6 +9,7 @@ never for the existence of a column.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..spec import checkpointing_name, precision_name
@@ -98,26 +99,87 @@ ENV_FIRST = ("device_name", "driver", "cuda_runtime", "torch", "torch_version", 
              "thread_env", "load_average", "hostname", "git_commit")
 
 
+# Columns of the records frame the report reads besides those of COLUMNS (env.* columns are added too).
+FRAME_EXTRA = ("verdict", "finished_at")
+
+
 def _missing(value) -> bool:
     if value is None:
         return True
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or kind is list or kind is dict:  # nearly every value
+        return False
+    if kind is float:
+        return value != value
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):  # lists and dicts are data, not missing
         return False
 
 
+def _flat(value, prefix: str, out: dict) -> None:
+    """``pd.json_normalize``'s flattening of one field: dicts into dotted leaves, anything else a leaf."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flat(inner, f"{prefix}.{key}", out)
+    else:
+        out[prefix] = value
+
+
+def record_frame(records: list[dict]) -> pd.DataFrame:
+    """The columns of ``store.records.to_frame(records)`` the report reads (those of COLUMNS, FRAME_EXTRA
+    and every env.* leaf), read straight from the records as plain Python values (object columns).
+
+    A run of 20,000 records flattens to some 150 columns of which the report reads half; this reads
+    only those.  A field of kind ``obj`` keeps a dict value (the dropout probabilities a model ran
+    with), which flattening into leaves would have lost; any other dict-valued field reads as missing.
+    """
+    n = len(records)
+    parents: dict[str, list[dict]] = {"": list(records)}
+
+    def parent(path: str) -> list[dict]:
+        got = parents.get(path)
+        if got is None:
+            head, _, key = path.rpartition(".")
+            got = parents[path] = [(v if type(v) is dict else {}) for v in (d.get(key) for d in parent(head))]
+        return got
+
+    columns: dict[str, list] = {}
+    kinds = {dotted: kind for dotted, kind in COLUMNS.values()}
+    for dotted in [*kinds, *FRAME_EXTRA]:
+        head, _, key = dotted.rpartition(".")
+        values = [d.get(key) for d in parent(head)]
+        if kinds.get(dotted) != "obj":
+            values = [None if type(v) is dict else v for v in values]
+        columns[dotted] = values
+    env: dict[str, list] = {}
+    for i, d in enumerate(parent("env")):
+        leaves: dict = {}
+        for key, value in d.items():
+            _flat(value, f"env.{key}", leaves)
+        for key, value in leaves.items():
+            column = env.get(key)
+            if column is None:
+                column = env[key] = [None] * n
+            column[i] = value
+    columns.update(env)
+    return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()}) if n else pd.DataFrame()
+
+
 def tidy(frame: pd.DataFrame) -> pd.DataFrame:
-    """The records frame with the short column names above, typed, plus derived labels."""
-    out = pd.DataFrame(index=frame.index)
+    """The records frame (:func:`record_frame`, or ``store.records.to_frame``) with the short column names
+    above, typed, plus derived labels.  Text columns are plain Python strings (object dtype): a run of
+    20,000 records reads them row by row many times, which pandas' Arrow strings make slow."""
+    n = len(frame)
+    out: dict[str, object] = {}
     for short, (dotted, kind) in COLUMNS.items():
-        col = frame[dotted] if dotted in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+        col = list(frame[dotted]) if dotted in frame.columns else [None] * n
         if kind == "num":
-            out[short] = pd.to_numeric(col, errors="coerce").astype(float)
+            out[short] = pd.to_numeric(pd.Series(col, dtype=object), errors="coerce").astype(float).to_numpy()
         elif kind == "str":
-            out[short] = [("" if _missing(v) else str(v)) for v in col]
+            out[short] = ["" if _missing(v) else str(v) for v in col]
         elif kind == "bool":
-            out[short] = [bool(v) if not _missing(v) else False for v in col]
+            out[short] = np.array([bool(v) if not _missing(v) else False for v in col], dtype=bool)
         else:
             out[short] = [None if _missing(v) else v for v in col]
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
@@ -128,11 +190,16 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
                     for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
                                                                          out["offload"])]
-    out["variant"] = [_variant(r) for r in out.itertuples()]
-    out["ok"] = out["status"] == "ok"
+    out["variant"] = [_variant(*row) for row in zip(out["model"], out["precision"], out["attn"], out["dropout"],
+                                                    out["loop"], out["world"], out["K"], out["accum"])]
     out["step_ci_lo"] = [ci[0] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     out["step_ci_hi"] = [ci[1] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
-    return out
+    out["ok"] = np.array([s == "ok" for s in out["status"]], dtype=bool)
+    for key in ("step_ci_lo", "step_ci_hi"):
+        out[key] = np.array(out[key], dtype=float)
+    order = [*COLUMNS, "precision", "model", "variant", "ok", "step_ci_lo", "step_ci_hi"]
+    return pd.DataFrame({k: (out[k] if isinstance(out[k], np.ndarray) else
+                             pd.Series(out[k], index=frame.index, dtype=object)) for k in order}, index=frame.index)
 
 
 def dropout_label(ran, asked: str) -> str:
@@ -150,17 +217,17 @@ def _strategy_name(every_n, offload) -> str:
     return checkpointing_name(int(every_n), bool(offload))
 
 
-def _variant(row) -> str:
+def _variant(model, precision, attn, dropout, loop, world, k, accum) -> str:
     """Everything but batch, seq and strategy: points with equal variants are comparable."""
     # dropout always shows: "off" is a choice the Case made (a gpt2 config publishes 0.1)
-    parts = [row.model, row.precision or "?", row.attn or "?", row.dropout]
-    if row.loop != "manual":
-        parts.append(f"{row.loop} loop")
-    if not _missing(row.world) and row.world > 1:
-        parts.append(f"world {row.world:.0f}")
-        parts.append("DDP" if not row.K else f"K={row.K:.0f}")
-    if not _missing(row.accum) and row.accum > 1:
-        parts.append(f"accum {row.accum:.0f}")
+    parts = [model, precision or "?", attn or "?", dropout]
+    if loop != "manual":
+        parts.append(f"{loop} loop")
+    if not _missing(world) and world > 1:
+        parts.append(f"world {world:.0f}")
+        parts.append("DDP" if not k else f"K={k:.0f}")
+    if not _missing(accum) and accum > 1:
+        parts.append(f"accum {accum:.0f}")
     return " · ".join(parts)
 
 

@@ -20,7 +20,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .columns import strategy_order  # noqa: E402
-from .tables import pareto_mask  # noqa: E402
 
 MIB = 2**20
 MAX_PANELS = 6
@@ -173,87 +172,6 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
                   "Measured after-forward and peak memory; black marks are the analytic estimate when present.")
 
 
-def pareto(t: pd.DataFrame) -> Figure | None:
-    """Tokens/s against peak memory for every ok point, the Pareto front joined.  Tokens/s is the
-    throughput measure that stays comparable across batch sizes and sequence lengths."""
-    ok = t[t["ok"]].dropna(subset=["peak", "tok_s"]).copy()
-    if ok.empty:
-        return None
-    ok["series"] = _series(ok)
-    names = _series_names(ok)
-    colors = _colors(names)
-    front = ok[pareto_mask(ok["peak"], ok["tok_s"], maximize_y=True)].sort_values("peak")
-    with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        _dense(ax, len(ok))
-        _scatter_front(ax, ok, names, colors, front, "tok_s", 1.0)
-        ax.set_xlabel("peak memory (MiB)")
-        ax.set_ylabel("tokens/s")
-        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        uri = _encode(fig)
-    return Figure("Tokens per second vs peak memory", uri, "tokens per second against peak memory with the "
-                  "Pareto front", f"Circled points form the Pareto front: no other point has both lower peak "
-                  f"memory and more tokens/s. {len(front)} of {len(ok)} points are on it.")
-
-
-def _scatter_front(ax, ok, names, colors, front, y, scale) -> None:
-    for name in names:
-        s = ok[ok["series"] == name]
-        style = _line_style(name)
-        ax.scatter(s["peak"] / MIB, s[y] * scale, label=name, s=36, zorder=3, marker=style["marker"],
-                   facecolors="none" if "markerfacecolor" in style else colors[name], edgecolors=colors[name])
-        if y == "step_s" and "step_ci_lo" in s:  # the median's bootstrap 95 % interval, where there is one
-            ci = s.dropna(subset=["step_ci_lo", "step_ci_hi"])
-            if not ci.empty:
-                ax.errorbar(ci["peak"] / MIB, ci[y] * scale,
-                            yerr=[(ci[y] - ci["step_ci_lo"]) * scale, (ci["step_ci_hi"] - ci[y]) * scale],
-                            fmt="none", ecolor=colors[name], elinewidth=1, capsize=3, zorder=2)
-    ax.plot(front["peak"] / MIB, front[y] * scale, color="black", linewidth=1, zorder=2, label="Pareto front")
-    ax.scatter(front["peak"] / MIB, front[y] * scale, facecolors="none", edgecolors="black", s=110, zorder=4)
-
-
-def step_time_pareto(t: pd.DataFrame) -> Figure | None:
-    """Median step time against peak memory, a panel per (batch, seq): at a fixed amount of work, which
-    strategies trade time for memory well (the front) and which are beaten on both."""
-    ok = t[t["ok"]].dropna(subset=["peak", "step_s"]).copy()
-    if ok.empty:
-        return None
-    ok["series"] = _series(ok)
-    names = _series_names(ok)
-    colors = _colors(names)
-    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
-    ncols, nrows = _grid(len(shapes))
-    on_front = 0
-    with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols + 1.5, 3.4 * nrows), squeeze=False)
-        for k, (b, sq) in enumerate(shapes):
-            ax = axes[k // ncols][k % ncols]
-            sub = ok[(ok["batch"] == b) & (ok["seq"] == sq)]
-            front = sub[pareto_mask(sub["peak"], sub["step_s"])].sort_values("peak")
-            on_front += len(front)
-            _dense(ax, len(sub))
-            _scatter_front(ax, sub, [n for n in names if n in set(sub["series"])], colors, front, "step_s", 1e3)
-            ax.set_title(f"batch {b:.0f}, seq {sq:.0f}")
-            ax.set_xlabel("peak memory (MiB)")
-            ax.set_ylabel("median step time (ms)")
-        for k in range(len(shapes), nrows * ncols):
-            axes[k // ncols][k % ncols].set_visible(False)
-        handles, labels = [], []
-        for ax in fig.axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-        uri = _encode(fig)
-    return Figure("Step time vs peak memory, per batch and sequence length", uri,
-                  "median step time against peak memory per workload, with the Pareto front",
-                  f"Within each panel the work per step is the same; circled points form that panel's Pareto "
-                  f"front (no other strategy is both faster and smaller). {on_front} of {len(ok)} points are "
-                  f"on a front. Error bars: bootstrap 95 % interval of each median over its timed steps "
-                  f"(repeats pooled; none with fewer than 3 steps).")
-
-
 BREAKDOWN = (("bd_params", "params"), ("bd_grads", "grads"), ("bd_optimizer", "optimizer"),
              ("bd_activations", "activations"))
 
@@ -291,38 +209,6 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
         uri = _encode(fig)
     return Figure("Memory breakdown at peak", uri, "stacked bars of params, grads, optimizer, activations",
                   "Live bytes at the peak, split by what owns them.")
-
-
-def estimate_vs_measured(rows: list[dict], title: str = "Measured vs estimate",
-                         estimate_label: str = "estimate") -> Figure | None:
-    """Measured against estimated (or simulated) for each check, per quantity, with the y = x line."""
-    # byte quantities only: counts (syncs, collectives) and layer lists have no place on a MiB axis
-    pts = [r for r in rows if "bytes" in str(r.get("quantity")) or str(r.get("quantity")).startswith("peak_")]
-    pts = [r for r in pts if isinstance(r.get("measured"), (int, float))
-           and isinstance(r.get("estimated"), (int, float))]
-    if not pts:
-        return None
-    quantities = sorted({str(r["quantity"]) for r in pts})
-    colors = _colors(quantities)
-    with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
-        _dense(ax, len(pts))
-        by: dict[str, list[dict]] = {q: [] for q in quantities}
-        for r in pts:
-            by[str(r["quantity"])].append(r)
-        for q in quantities:
-            qs = by[q]
-            ax.scatter([r["estimated"] / MIB for r in qs], [r["measured"] / MIB for r in qs], color=colors[q],
-                       label=q, s=24)
-        lo = min(min(r["estimated"], r["measured"]) for r in pts) / MIB
-        hi = max(max(r["estimated"], r["measured"]) for r in pts) / MIB
-        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, linestyle=":",
-                label=f"measured = {estimate_label}")
-        ax.set_xlabel(f"{estimate_label} (MiB)")
-        ax.set_ylabel("measured (MiB)")
-        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
-        uri = _encode(fig)
-    return Figure(title, uri, f"measured against {estimate_label} bytes per checked quantity")
 
 
 def _k_label(k: float) -> str:

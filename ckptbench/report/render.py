@@ -1,7 +1,7 @@
 """Render one results directory into one self-contained HTML file.
 
-The report is built from the records alone (``store.records.load_records`` → ``to_frame`` → the tidy
-frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
+The report is built from the records alone (``store.records.load_records`` → ``columns.record_frame``
+→ the tidy frame of :mod:`.columns`) plus the suite file stored beside them, so a report can be re-rendered at any
 time from ``results/<run>/``.  A report is what people read when something went wrong, so rendering never
 fails on bad data: unreadable lines, an empty file or a section that cannot be drawn become visible notes
 in the report instead of a traceback.
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import jinja2
 
 from ..store.files import remove_quietly, write_text_atomic
-from ..store.records import load_records, to_frame
+from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, figures, localsgd_quality, network_section, plan_section, tables
-from .columns import has, strategies, tidy
+from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables
+from .columns import has, record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -88,7 +88,7 @@ def _guard(ctx: Context, name: str, fn, default=None):
 
 def _load(path: str, loaded=None):
     loaded = loaded if loaded is not None else load_records(path)
-    frame = to_frame(loaded.records)
+    frame = record_frame(loaded.records)
     t = tidy(frame) if len(frame) else None
     return loaded, frame, t
 
@@ -126,17 +126,17 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     single = t[~(t["world"] > 1)]
     d["memory_figs"] = _guard(ctx, "memory", lambda: figures.checkpointing_figures(single), [])
     d["pareto_figs"] = [f for f in (_guard(ctx, "pareto", lambda fn=fn: fn(single)) for fn in
-                                    (figures.pareto, figures.step_time_pareto)) if f is not None]
+                                    (scatters.pareto, scatters.step_time_pareto)) if f is not None]
     table = _guard(ctx, "checks", lambda: checks.check_table(t), checks.CheckTable())
     d["checks"], d["check_summary"] = table.rows, table.summary
     d["checks_total"], d["checks_failing"], d["checks_all_listed"] = table.total, table.failing, table.all_listed
     d["checks_csv"] = None
     d["record_verdicts"] = tables.record_verdicts(frame)
     d["simulated"] = _guard(ctx, "simulated", lambda: beside_measurements(loaded.records, load_simulated(run_dir)), [])
-    d["simulated_fig"] = _guard(ctx, "simulated", lambda: figures.estimate_vs_measured(
+    d["simulated_fig"] = _guard(ctx, "simulated", lambda: scatters.estimate_vs_measured(
         [{"quantity": "peak_bytes (simulated)", "measured": r["measured"], "estimated": r["simulated"]}
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))
-    d["check_fig"] = _guard(ctx, "checks", lambda: figures.estimate_vs_measured(table.points))
+    d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
     d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])

@@ -41,6 +41,9 @@ the HTML report; :func:`load_side` reads a path; :mod:`ckptbench.report.compare`
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from ..errors import UsageError
@@ -51,12 +54,14 @@ from .points import (
     SWEEP,
     Point,
     Quantity,
+    Side,
     env_changes,
     first_env,
     load_side,
     points_from_records,
     record_label,
 )
+from .records import RECORDS
 from .stats import ALPHA, median_cis, p_values
 
 __all__ = ["BENCHMARK", "QUANTITIES", "QUANTITY_BY_KEY", "SWEEP", "Comparison", "Delta", "Point", "PointComparison",
@@ -316,9 +321,36 @@ def compare_runs(old_records: list[dict], new_records: list[dict],
     return comparison
 
 
+PARALLEL_BYTES = 16 * 2**20  # a records file this large on both sides: the old side is read in a second process
+
+
+def _records_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(path, RECORDS) if os.path.isdir(path) else path)
+    except OSError:
+        return 0
+
+
+def load_sides(old_path: str, new_path: str) -> tuple[Side, Side]:
+    """Both sides of a comparison.  Two large runs are read at once, the old one in a forked process, when
+    the machine has a second core: parsing is most of a comparison's time, and only the points (not the
+    records) come back from the child.  An error is the one reading them in turn would raise first."""
+    if not (min(_records_bytes(old_path), _records_bytes(new_path)) >= PARALLEL_BYTES
+            and len(os.sched_getaffinity(0)) > 1 and "fork" in multiprocessing.get_all_start_methods()):
+        return load_side(old_path), load_side(new_path)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        old = pool.submit(load_side, old_path)
+        try:
+            new = load_side(new_path)
+        except Exception:  # noqa: BLE001 - the old side's error, if it has one, is the one to show
+            old.result()
+            raise
+        return old.result(), new
+
+
 def compare_paths(old_path: str, new_path: str, thresholds: Thresholds = Thresholds()) -> Comparison:
     """Load both sides, refuse mixed kinds, and compare."""
-    old, new = load_side(old_path), load_side(new_path)
+    old, new = load_sides(old_path, new_path)
     if old.kind != new.kind:
         raise UsageError(f"cannot compare a {old.kind} input ({old_path}) with a {new.kind} input ({new_path})")
     comparison = compare_points(old.points, new.points, thresholds, old.kind)

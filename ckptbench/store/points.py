@@ -185,7 +185,7 @@ def _load_sweep(path: str) -> Side:
     if not os.path.exists(records_path):
         raise UsageError(f"{path}: not a results directory (no {RECORDS})")
     try:
-        loaded = load_records(records_path)
+        loaded = load_records(records_path, merged=False)  # points_from_records merges repeats, once
     except OSError as exc:
         raise UsageError(f"{records_path}: cannot read: {exc.strerror or exc}") from None
     if not loaded.records:

@@ -8,10 +8,12 @@ lists a line that has a problem, so it never wins over a valid one.
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import MISSING, fields
 from numbers import Real
 
-from ..spec import Case
+from ..spec import Case, DataSpec, ModelSpec, Setup, TrainSpec
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 
@@ -40,11 +42,53 @@ def _int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+@functools.cache
+def _case_shape() -> tuple | None:
+    """What :meth:`Case.from_dict` needs of a dict to build a Case, or None when a part of it checks its
+    own fields (a ``__post_init__``), which only building it can tell: (the Case's own fields, its
+    required ones, then for each nested part its key, its fields, its required fields, whether it may be
+    absent or empty)."""
+    def names(cls) -> tuple[frozenset, frozenset]:
+        own = fields(cls)
+        required = {f.name for f in own if f.default is MISSING and f.default_factory is MISSING}
+        return frozenset(f.name for f in own), frozenset(required)
+
+    hints = {f.name: f.type for f in fields(Case)}
+    parts = []
+    for key, optional in (("model", False), ("train", False), ("data", True), ("setup", True)):
+        cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup}[key]
+        if hasattr(cls, "__post_init__") or cls.__name__ not in str(hints[key]):
+            return None
+        parts.append((key, *names(cls), optional))
+    if hasattr(Case, "__post_init__"):
+        return None
+    return (*names(Case), tuple(parts))
+
+
+def _builds_a_case(case: dict) -> bool:
+    """A cheap proof that ``Case.from_dict(case)`` succeeds: its parts are dicts of known keys holding
+    every required one (dataclasses check nothing else).  False means only "not proven": the caller then
+    builds the Case, which names what is wrong."""
+    shape = _case_shape()
+    if shape is None:
+        return False
+    _, required, parts = shape
+    if not required <= case.keys():
+        return False
+    for key, known, needed, optional in parts:
+        part = case.get(key)
+        if optional and not part:
+            continue
+        if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
+            return False
+    return True
+
+
 def _case_problem(case) -> str | None:
     if not isinstance(case, dict):
         return f"case is {type(case).__name__}, not a dict"
     try:
-        Case.from_dict(case)
+        _builds_a_case(case) or Case.from_dict(case)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return f"case is not a Case ({type(exc).__name__}: {exc})"
     for key in CASE_INTS:
@@ -55,13 +99,30 @@ def _case_problem(case) -> str | None:
     return None
 
 
+_NUMBER, _LIST = 1, 2
+_RULES: dict[str, int] = {}  # measurement key -> what its value must be (0: anything), decided once per key
+
+
+def _rule(key: str) -> int:
+    rule = _RULES.get(key)
+    if rule is None:
+        rule = _RULES[key] = ((_NUMBER if key.endswith("_bytes") or key in MEASURED_NUMBERS else 0)
+                              | (_LIST if key in MEASURED_LISTS else 0))
+    return rule
+
+
 def _measurement_problem(m: dict) -> str | None:
     for key, value in m.items():
         if value is None:
             continue
-        if (key.endswith("_bytes") or key in MEASURED_NUMBERS) and not _number(value):
+        rule = _RULES.get(key)
+        if rule is None:
+            rule = _rule(key)
+        if not rule:
+            continue
+        if rule & _NUMBER and not _number(value):
             return f"measurement.{key} is {type(value).__name__}, not a number"
-        if key in MEASURED_LISTS and not isinstance(value, list):
+        if rule & _LIST and not isinstance(value, list):
             return f"measurement.{key} is {type(value).__name__}, not a list"
     for key in ("step_times_s", "repeat_medians_s"):
         if any(not _number(t) or math.isinf(t) for t in m.get(key) or ()):

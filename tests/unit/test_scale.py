@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 
 import numpy as np
@@ -157,3 +158,110 @@ def test_baseline_rows_are_capped_to_the_largest_changes():
     assert status  # a point ok on one side only is never cut
     everything = tables.deltas(cur, base, limit=10**6)["rows"]
     assert len(everything) == out["total_rows"]
+
+
+def _case_variants(case: dict) -> list:
+    """A good case and shapes of it Case.from_dict accepts or refuses, for the validator's fast path."""
+    model, train = case["model"], case["train"]
+    drop = lambda d, k: {x: v for x, v in d.items() if x != k}  # noqa: E731
+    return [case, {**case, "extra": 1}, drop(case, "model"), drop(case, "train"), drop(case, "batch_size"),
+            drop(case, "seq_len"), {**case, "model": [model]}, {**case, "model": "llama"},
+            {**case, "model": drop(model, "hidden")}, {**case, "model": {**model, "bogus": 1}},
+            {**case, "model": {**model, "hidden": "wide"}}, {**case, "train": {**train, "bogus": 1}},
+            {**case, "train": {}}, {**case, "train": None}, {**case, "data": {}}, {**case, "data": None},
+            {**case, "data": {"source": "file", "path": "/x"}}, {**case, "data": {"nope": 1}},
+            {**case, "data": [1]}, {**case, "data": "stdlib"}, {**case, "setup": {"autocast": "bf16"}},
+            {**case, "setup": {"loop": "trainer", "bogus": 1}}, {**case, "setup": 0}, {**case, "setup": 7},
+            {**case, "batch_size": "4"}, {**case, "batch_size": True}, {**case, "device": 3}, [case], "case"]
+
+
+def test_the_fast_case_check_accepts_only_what_building_the_case_accepts(monkeypatch):
+    from ckptbench.spec import Case
+    from ckptbench.store import validate
+
+    records = synthetic_records(60)
+    lines = [r for base in records[:30] for r in ({**base, "case": c} for c in _case_variants(base["case"]))]
+    lines += [{**records[0], "measurement": {"peak_bytes": "big"}}, {**records[1], "measurement": {"losses": 1.0}},
+              {**records[2], "measurement": {"step_times_s": [0.1, float("inf")]}}, {**records[3], "status": "?"}]
+    for line in lines:
+        case = line["case"]
+        if isinstance(case, dict) and validate._builds_a_case(case):
+            Case.from_dict(case)  # the fast path's "yes" is always right
+    assert all(validate._builds_a_case(r["case"]) for r in records)  # and it is taken for every good record
+    fast = [validate.record_problem(r) for r in lines]
+    monkeypatch.setattr(validate, "_builds_a_case", lambda case: False)
+    full = [validate.record_problem(r) for r in lines]
+    assert fast == full  # the same verdict and the same words, line by line
+    assert sum(p is None for p in full) > 30 and sum(p is not None for p in full) > 300
+
+
+def test_the_report_frame_reads_the_columns_flattening_gave():
+    from ckptbench.report.columns import record_frame, tidy
+    from ckptbench.store.records import to_frame
+
+    records = synthetic_records(300)
+    records[4] = {**records[4], "env": {**records[4]["env"], "nested": {"a": 1}}}
+    flat, read = tidy(to_frame(records)), tidy(record_frame(records))
+    assert list(flat.columns) == list(read.columns)
+    for column in flat.columns:
+        assert [None if v != v else v for v in flat[column]] == [None if v != v else v for v in read[column]], column
+    env = [c for c in to_frame(records).columns if c.startswith("env.")]
+    assert env == [c for c in record_frame(records).columns if c.startswith("env.")] and "env.nested.a" in env
+
+
+def test_thinning_keeps_one_marker_in_every_occupied_cell():
+    from ckptbench.report import scatters
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=20_000), rng.normal(size=20_000)
+    span = scatters._span(x, y)
+    keep = scatters._thin(x, y, span)
+    w, h = scatters.CELLS
+
+    def cells(idx):
+        cx = np.clip(((x[idx] - span[0]) / (span[1] - span[0]) * w).astype(int), 0, w)
+        cy = np.clip(((y[idx] - span[2]) / (span[3] - span[2]) * h).astype(int), 0, h)
+        return list(zip(cx, cy))
+
+    assert len(keep) < len(x) and len(set(cells(keep))) == len(keep)  # one marker per cell ...
+    assert set(cells(keep)) == set(cells(np.arange(len(x))))  # ... and every occupied cell has one
+    few = np.arange(scatters.DENSE - 1)
+    assert list(scatters._thin(x[few], y[few], span)) == list(few)  # a small figure draws every point
+
+
+def test_a_large_run_draws_its_scatters_thinned_and_says_so(big_run):
+    from ckptbench.report import scatters
+    from ckptbench.report.checks import check_table
+    from ckptbench.report.columns import record_frame, tidy
+
+    t = tidy(record_frame(load_records(big_run).records))
+    points = check_table(t).points
+    for fig, n in ((scatters.pareto(t), int(t["ok"].sum())), (scatters.estimate_vs_measured(points), len(points))):
+        note = re.search(r"([\d,]+) points, drawn as one marker per occupied cell of a \d+×\d+ grid over the axes "
+                         r"\(([\d,]+) markers\)", fig.caption)
+        assert note, fig.caption
+        shown, drawn = (int(g.replace(",", "")) for g in note.groups())
+        assert shown == n and drawn < n
+    small = scatters.pareto(t.head(50))
+    assert "drawn as one marker" not in small.caption
+
+
+def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monkeypatch):
+    from ckptbench.errors import UsageError
+    from ckptbench.store import compare as store_compare
+
+    old, new = write_run(str(tmp_path / "old"), 120, seed=0), write_run(str(tmp_path / "new"), 120, seed=1)
+    one_by_one = store_compare.compare_paths(old, new).to_dict()
+    monkeypatch.setattr(store_compare, "PARALLEL_BYTES", 0)  # every run counts as large
+    forked = []
+    real = store_compare.ProcessPoolExecutor
+    monkeypatch.setattr(store_compare, "ProcessPoolExecutor", lambda *a, **k: forked.append(1) or real(*a, **k))
+    assert store_compare.compare_paths(old, new).to_dict() == one_by_one
+    assert forked == [1] or len(os.sched_getaffinity(0)) == 1
+    for side in ("bad_old", "bad_new"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "records.jsonl").write_text("not json\n")
+    with pytest.raises(UsageError, match="bad_old"):  # the old side's error first, as when read in turn
+        store_compare.compare_paths(str(tmp_path / "bad_old"), str(tmp_path / "bad_new"))
+    with pytest.raises(UsageError, match="bad_new"):
+        store_compare.compare_paths(old, str(tmp_path / "bad_new"))
