@@ -59,7 +59,10 @@ def _case_shape() -> tuple | None:
         cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup}[key]
         if hasattr(cls, "__post_init__") or cls.__name__ not in str(hints[key]):
             return None
-        parts.append((key, *names(cls), optional))
+        known, required = names(cls)
+        if cls is TrainSpec:  # records written before the optimizer moved to the setup name it here
+            known |= {"optimizer"}
+        parts.append((key, known, required, optional))
     if hasattr(Case, "__post_init__"):
         return None
     return (*names(Case), tuple(parts))
@@ -81,6 +84,8 @@ def _builds_a_case(case: dict) -> bool:
             continue
         if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
             return False
+    if (case.get("setup") or {}).get("lora"):  # a part inside a part: building the Case tells
+        return False
     return True
 
 

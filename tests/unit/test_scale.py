@@ -172,7 +172,13 @@ def _case_variants(case: dict) -> list:
             {**case, "data": {"source": "file", "path": "/x"}}, {**case, "data": {"nope": 1}},
             {**case, "data": [1]}, {**case, "data": "stdlib"}, {**case, "setup": {"autocast": "bf16"}},
             {**case, "setup": {"loop": "trainer", "bogus": 1}}, {**case, "setup": 0}, {**case, "setup": 7},
-            {**case, "batch_size": "4"}, {**case, "batch_size": True}, {**case, "device": 3}, [case], "case"]
+            {**case, "batch_size": "4"}, {**case, "batch_size": True}, {**case, "device": 3}, [case], "case",
+            # the setup's own parts: adapters (a part inside a part), sharding, the optimizer, and a record
+            # written before the optimizer moved from the train table to the setup
+            {**case, "setup": {"lora": {"r": 8, "alpha": 16}, "optimizer": "sgd"}},
+            {**case, "setup": {"lora": {"r": 8, "rank": 4}}}, {**case, "setup": {"lora": 8}},
+            {**case, "setup": {"sharding": "fsdp"}}, {**case, "train": {**train, "optimizer": "adamw"}},
+            {**case, "train": drop(train, "optimizer")}]
 
 
 def test_the_fast_case_check_accepts_only_what_building_the_case_accepts(monkeypatch):
