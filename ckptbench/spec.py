@@ -253,7 +253,10 @@ def analytic_sharded_point(model: ModelSpec, setup: Setup, device: str = "cpu") 
     """Whether the per-rank FSDP2 estimate (:func:`ckptbench.theory.fsdp.fsdp_memory_estimate`) describes a
     model trained so: the analytic estimate of its compute precision describes it unsharded.  bf16-mixed
     under FSDP2 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 weights) computes
-    over bf16 parameters without autocast, so its compute is a pure-bf16 model's, on any device."""
+    over bf16 parameters without autocast, so its compute is a pure-bf16 model's, on any device.  The
+    per-rank composition counts AdamW's state (two moments of each shard), so the optimizer is an AdamW."""
+    if not setup.optimizer.startswith("adamw") or setup.optimizer == "adamw-8bit":
+        return False
     if setup.autocast:
         if setup.autocast != "bf16" or model.dtype != "fp32":
             return False

@@ -139,16 +139,16 @@ def _sharded(case, world: int) -> int:
     """One FSDP2 rank's memory and the collectives of a step, per rank (shards are padded to N rows)."""
     from dataclasses import replace
 
-    from ..spec import analytic_point
+    from ..spec import analytic_sharded_point
     from ..theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     case = replace(case, world_size=world, setup=replace(case.setup, sharding="fsdp"))
-    if not analytic_point(case.model, replace(case.setup, sharding="ddp"), case.device):
+    if not analytic_sharded_point(case.model, case.setup, case.device):
         from ..errors import UsageError
 
-        raise UsageError("--sharding fsdp is estimated for llama, qwen2 and gpt2 shapes in a pure precision under "
-                         "the manual loop, with AdamW or SGD")
-    comm = fsdp_comm_estimate(case.model, world, case.grad_accum)
+        raise UsageError("--sharding fsdp is estimated for llama, qwen2 and gpt2 shapes in a pure precision or "
+                         "bf16-mixed, under the manual loop, with AdamW")
+    comm = fsdp_comm_estimate(case.model, world, case.grad_accum, autocast=case.setup.autocast)
     print(f"{case.model.label} {case.precision} {case.model.attn} b={case.batch_size} s={case.seq_len} per rank "
           f"{case.strategy} on {case.device}")
     print(f"{'rank':>4s} {'params GiB':>11s} {'optimizer GiB':>14s} {'peak GiB':>9s}  peak phase")

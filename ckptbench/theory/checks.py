@@ -66,9 +66,9 @@ class Check:
 
 def judge(quantity: str, measured, estimated, tol: float = 0.0) -> Check:
     """One quantity's verdict: |measured/estimated - 1| <= tol, or equality when tol is 0; a missing
-    measurement is ``skip``, never ``pass``."""
-    if measured is None:
-        return Check(quantity, None, estimated, None, tol, "skip", None)
+    measurement, or a quantity nothing predicts, is ``skip``, never ``pass``."""
+    if measured is None or estimated is None:
+        return Check(quantity, measured, estimated, None, tol, "skip", None)
     diff = measured - estimated
     ratio = measured / estimated if estimated else (1.0 if measured == 0 else None)
     if tol == 0:

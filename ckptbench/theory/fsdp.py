@@ -281,13 +281,19 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
 def fsdp_predictions(case: Case) -> tuple[dict, list[tuple[str, str, object, float]]]:
     """(estimate, [(quantity, measurement key, predicted, tolerance)]) for an fsdp point; the checks judge
     them (:func:`ckptbench.theory.checks.comm_checks`).  Per-rank memory keys are rank 0's."""
+    from ..spec import analytic_sharded_point
+
     comm = fsdp_case_comm(case)
-    mem = fsdp_memory_estimate(case)
     rows = [
         ("allgather_payload_bytes", "allgather_payload_bytes", comm["allgather_payload_bytes"], 0.0),
         ("allgather_count", "allgather_count", comm["allgather_count"], 0.0),
         ("reduce_scatter_payload_bytes", "reduce_scatter_payload_bytes", comm["reduce_scatter_payload_bytes"], 0.0),
         ("reduce_scatter_count", "reduce_scatter_count", comm["reduce_scatter_count"], 0.0),
+    ]
+    if not analytic_sharded_point(case.model, case.setup, case.device):  # e.g. another optimizer's state
+        return comm, rows + [("peak_bytes", "peak_bytes", None, 0.0)]  # memory unchecked, and said so
+    mem = fsdp_memory_estimate(case)
+    rows += [
         ("rank_params_bytes", "rank_params_bytes", mem["params_bytes"], 0.0),
         ("rank_optimizer_bytes", "rank_optimizer_bytes", mem["optimizer_bytes"], 0.0),
         ("peak_breakdown.params", "peak_params_bytes", mem["peak_params_bytes"], 0.0),

@@ -44,6 +44,7 @@ from ..spec import Case
 from .checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning, pinned_memory_error
 from .data import rank_data
 from .models import build_model
+from .optimizers import build_optimizer
 
 
 def mixed_precision_policy(autocast: str):
@@ -121,7 +122,7 @@ def _train(case: Case) -> dict:
     n_param_tensors = len(list(model.parameters()))
     layout = shard_model(model, device, case.setup.autocast)
     local_param_bytes = local_bytes(model.parameters())  # the shards, before any step gathers them
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
+    optimizer = build_optimizer(case.setup, model, train.lr)
 
     # the worker's schedule: warm-up steps (FSDP2's lazy initialisation, the optimizer's state), then the
     # memory steps under the probe, then the timed steps

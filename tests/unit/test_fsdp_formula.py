@@ -157,3 +157,19 @@ def test_sharded_points_the_estimate_describes():
 def test_fsdp_runs_bf16_mixed_and_refuses_fp16_mixed():
     assert refusal(mixed()) is None
     assert "sharded gradient scaler" in refusal(mixed(device="cuda", autocast="fp16"))
+
+
+def test_an_fsdp_point_of_another_optimizer_has_its_collectives_checked_and_its_memory_left_unchecked():
+    from ckptbench.theory.checks import comm_checks
+
+    sgd = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32, world_size=2,
+               setup=Setup(sharding="fsdp", optimizer="sgd"))
+    assert not analytic_sharded_point(sgd.model, sgd.setup, sgd.device)  # the composition counts AdamW's state
+    comm = fsdp_case_comm(sgd)
+    m = {"allgather_payload_bytes": comm["allgather_payload_bytes"], "allgather_count": comm["allgather_count"],
+         "reduce_scatter_payload_bytes": comm["reduce_scatter_payload_bytes"],
+         "reduce_scatter_count": comm["reduce_scatter_count"], "peak_bytes": 2_000_000}
+    _, checks = comm_checks(sgd, m)
+    verdicts = {c.quantity: c.verdict for c in checks}
+    assert verdicts == {"allgather_payload_bytes": "pass", "allgather_count": "pass",
+                        "reduce_scatter_payload_bytes": "pass", "reduce_scatter_count": "pass", "peak_bytes": "skip"}
