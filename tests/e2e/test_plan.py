@@ -69,7 +69,7 @@ def test_plan_for_an_8b_model_on_a_card_recommends_and_states_its_assumptions():
     lines = proc.stdout.splitlines()
     recommended = next(line for line in lines if line.startswith("recommended: "))
     assert "tokens/s predicted" in recommended and "runner-up" in recommended
-    assert any(line.startswith("assumed: efficiency 40%") and "datasheet H200 bf16" in line for line in lines)
+    assert any(line.startswith("assumed: efficiency 40%") and "datasheet NVIDIA H200 bf16" in line for line in lines)
 
 
 def test_verify_runs_the_recommendation_and_its_neighbours_and_calibrates(tmp_path):
