@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# the tests in one process per core (pytest-xdist), a test module's tests in one process (its fixtures once)
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 bench: $(STAMP)
 	$(PY) -m ckptbench sweep $(if $(SUITE),--suite $(SUITE)) $(if $(RUN),--out results/$(RUN) --report reports/$(RUN).html)

@@ -203,9 +203,7 @@ def checkpointing_name(every_n_layers: int, offload: bool) -> str:
 
 def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
     """What ``every_n_layers`` means in transformers: layer i is checkpointed when i % n == 0; 0 is off.
-
-    The one statement of that rule here: the estimate, the FLOP count and a Case all ask this function.
-    """
+    The one statement of that rule here: the estimate, the FLOP count and a Case all ask this function."""
     if every_n_layers <= 0:
         return []
     return [i for i in range(layers) if i % every_n_layers == 0]
@@ -214,9 +212,8 @@ def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
 # (autocast, families) the analytic estimate has mixed-precision terms for, under the manual loop on a CPU
 # (tests/unit/test_mixed_estimate.py holds them to the simulated step byte for byte)
 ANALYTIC_MIXED = {"bf16": ("llama", "qwen2")}
-# the optimizers whose state and optimizer-step temporaries the analytic estimate derives
-# (:func:`ckptbench.theory.params.optimizer_step_bytes`); Adafactor and 8-bit AdamW are estimated by the
-# simulation of their step
+# the optimizers whose state and step temporaries the analytic estimate derives (theory/params.py
+# optimizer_step_bytes); Adafactor and 8-bit AdamW are estimated by the simulation of their step
 ANALYTIC_OPTIMIZERS = ("adamw", "adamw-loop", "adamw-foreach", "sgd")
 
 

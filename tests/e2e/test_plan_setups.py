@@ -15,6 +15,7 @@ from ckptbench.spec import Case, Lora, Setup, TrainSpec, preset
 from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
+from ckptbench.theory.fsdp import in_flight_allowance
 from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
@@ -70,5 +71,6 @@ def test_the_largest_fsdp_batch_per_rank_the_planner_allows_is_the_largest_that_
         m = flatten_measurement(c, r["measurement"])
         peaks.append(max(rank["memory"][0]["peak_bytes"] for rank in m["distributed"]["ranks"]))
     assert peaks[0] <= budget < peaks[1], (peaks, budget, four, five)
-    # the per-rank estimate is exact on CPU: the largest rank's peak is the predicted one, to the byte
-    assert peaks == [four, five]
+    # the per-rank estimate is exact on CPU (up to one in-flight reduce-scatter buffer on a loaded machine)
+    for peak, predicted, c in zip(peaks, (four, five), (case(4), case(5))):
+        assert 0 <= peak - predicted <= in_flight_allowance(c)

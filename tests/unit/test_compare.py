@@ -243,9 +243,11 @@ def run_pytest_benchmark(tmp_path, name: str, size: int, extra: bool) -> str:
     (work / "pytest.ini").write_text("[pytest]\n")
     out = work / "bench.json"
     env = {"BENCH_SIZE": str(size), **({"BENCH_EXTRA": "1"} if extra else {})}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini",
-                           "--benchmark-only", f"--benchmark-json={out}", "test_bench.py"],
-                          cwd=work, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    # a pytest of its own, not a worker of this one's (pytest-benchmark turns itself off under xdist)
+    outer = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-c", "pytest.ini", "--benchmark-only", f"--benchmark-json={out}", "test_bench.py"],
+                          cwd=work, env={**outer, **env}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return str(out)
 
