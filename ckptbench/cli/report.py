@@ -61,6 +61,9 @@ def _percent(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+SUMMARY_LINES = 50  # noisy and one-sided points each; regressions four times as many
+
+
 def cmd_compare(args) -> int:
     import json
 
@@ -80,7 +83,8 @@ def cmd_compare(args) -> int:
     else:
         console = Console(width=None if sys.stdout.isatty() else 160)
         console.print(comparison_table(comparison, args.old, args.new))
-        lines = summary_lines(comparison)  # thousands of lines when many points moved: one print, not one each
+        # a terminal's worth of each kind of line, and how many more (--json has every one): one print
+        lines = summary_lines(comparison, limit=SUMMARY_LINES)
         if lines:
             console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 1 if comparison.failed else 0

@@ -115,8 +115,16 @@ def comparison_table(comparison: Comparison, old_name: str, new_name: str, limit
     return table
 
 
-def summary_lines(comparison: Comparison) -> list[str]:
-    """Plain lines: every regression with its reasons, one-sided points, noisy points, the verdict."""
+def _capped(lines: list[str], limit: int | None, what: str) -> list[str]:
+    """At most `limit` of one kind of line, then how many more there are (``--json`` lists every one)."""
+    if limit is None or len(lines) <= limit:
+        return lines
+    return lines[:limit] + [f"... and {len(lines) - limit:,} more {what} (--json lists every one)"]
+
+
+def summary_lines(comparison: Comparison, limit: int | None = None) -> list[str]:
+    """Plain lines: regressions with their reasons, one-sided points, noisy points, the verdict; with
+    `limit`, at most that many lines of each kind (regressions: four times as many) and their counts."""
     t = comparison.thresholds
     lines = [f"note: {p}" for p in comparison.problems]
     if comparison.env_changes:
@@ -128,24 +136,27 @@ def summary_lines(comparison: Comparison) -> list[str]:
         if abs(shift) > t.time:
             lines.append(f"COMMON SHIFT {shift:+.1%} beyond the {t.time:.0%} time threshold: the machine, or a change "
                          "that moves every point alike; two runs cannot tell which: rerun both on one quiet machine")
+    noisy, one_sided, regressed = [], [], []
     for p in comparison.noisy:
         tested = [d for d in p.deltas if d.verdict == "noisy"]
         if tested:
             d = tested[0]
-            lines.append(f"noisy comparison: {_name(p)}: {d.label} {format_change(d.change)} is beyond the "
+            noisy.append(f"noisy comparison: {_name(p)}: {d.label} {format_change(d.change)} is beyond the "
                          f"{t.time:.0%} threshold but not significant (Mann-Whitney p={d.p_value:.2g}, "
                          f"{len_note(p)}); run more steps or --repeat before trusting it")
         else:
-            lines.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
+            noisy.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "
                          f"than the {t.time:.0%} time threshold; run more steps before trusting its time verdict")
     for side, points in (("old", comparison.only_old), ("new", comparison.only_new)):
         for p in points:
-            lines.append(f"only in {side}: {_name(p)} ({p.status}); not compared, does not fail")
+            one_sided.append(f"only in {side}: {_name(p)} ({p.status}); not compared, does not fail")
+    lines += _capped(noisy, limit, "noisy points") + _capped(one_sided, limit, "points on one side only")
     if not comparison.points:
         lines.append("no point in common: Case ids hash every setting (model, steps, seed, ...), "
                      "so runs of different suites share no points")
     for p in comparison.regressions:
-        lines.append(f"REGRESSION {_name(p)}: " + "; ".join(p.reasons(t)))
+        regressed.append(f"REGRESSION {_name(p)}: " + "; ".join(p.reasons(t)))
+    lines += _capped(regressed, None if limit is None else 4 * limit, "regressions")
     n = len(comparison.regressions)
     lines.append(f"{n} of {len(comparison.points)} compared points regressed" if n else
                  f"no regression among {len(comparison.points)} compared points "

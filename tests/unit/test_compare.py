@@ -288,3 +288,13 @@ def test_mixed_kinds_are_refused(bench_files, tmp_path):
     run = write_run(tmp_path / "run", [synthetic_record("a")])
     with pytest.raises(UsageError, match="cannot compare"):
         compare_paths(run, bench_files[0])
+
+
+def test_the_terminal_summary_caps_each_kind_of_line_and_says_how_many_more():
+    from ckptbench.report.compare import _capped
+
+    lines = [f"noisy comparison: p{i}" for i in range(120)]
+    assert _capped(lines, None, "noisy points") == lines
+    capped = _capped(lines, 50, "noisy points")
+    assert capped[:50] == lines[:50] and capped[50] == "... and 70 more noisy points (--json lists every one)"
+    assert _capped(lines[:50], 50, "noisy points") == lines[:50]
