@@ -223,3 +223,12 @@ class C10dInterposer:
             self._lib._destroy()
             self._lib = None
         return False
+
+
+def collective_totals(ops: dict) -> dict:
+    """A run's collectives summed over their kinds (``ops``: kind -> count, payload and bus bytes, seconds)."""
+    return {"collectives": sum(r["count"] for r in ops.values()),
+            "payload_bytes": sum(r["payload_bytes"] for r in ops.values()),
+            "bus_bytes": sum(r["bus_bytes"] for r in ops.values()),
+            "comm_s": sum(r["comm_s"] for r in ops.values()),
+            "ops": ops}

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..measure.comm import C10dInterposer, CollectiveRecorder
+from ..measure.comm import C10dInterposer, CollectiveRecorder, collective_totals
 from ..measure.memory import probe_for
 from ..measure.saved import LayerProbe
 from ..measure.storage import StorageSerials
@@ -44,7 +44,7 @@ from ..spec import Case
 from .checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning, pinned_memory_error
 from .data import rank_data
 from .models import build_model
-from .optimizers import build_optimizer
+from .optimizers import build_optimizer, describe_optimizer
 
 
 def mixed_precision_policy(autocast: str):
@@ -215,19 +215,14 @@ def _train(case: Case) -> dict:
         "local_optimizer_bytes": local_bytes(v for s in optimizer.state.values() for v in s.values()
                                              if isinstance(v, torch.Tensor)),
         "n_param_tensors": n_param_tensors,
+        "optimizer": describe_optimizer(optimizer),
         "optimizer_steps": opt_steps,
         "iterations": iterations,
         "steps": records,
         "setup": {**recorder.totals("setup"), "ops": recorder.summary("setup")},
         "exit": {"collectives": 0, "payload_bytes": 0, "bus_bytes": 0.0, "comm_s": 0.0, "ops": {},
                  "sync_s": 0.0, "divergence": None, "divergence_rel": None},
-        "total": {
-            "collectives": sum(r["count"] for r in total_ops.values()),
-            "payload_bytes": sum(r["payload_bytes"] for r in total_ops.values()),
-            "bus_bytes": sum(r["bus_bytes"] for r in total_ops.values()),
-            "comm_s": sum(r["comm_s"] for r in total_ops.values()),
-            "ops": total_ops,
-        },
+        "total": collective_totals(total_ops),
         "syncs": 0,
         "syncs_observed": 0,
         "sync_s": [],

@@ -36,7 +36,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from ..measure.comm import C10dInterposer, CollectiveRecorder
+from ..measure.comm import C10dInterposer, CollectiveRecorder, collective_totals
 from ..measure.storage import LiveStorageTracker, track_training_state
 from ..measure.timing import boundary_clock
 from ..spec import SYNC_IMPLS, Case
@@ -307,13 +307,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
         "setup": {**recorder.totals("setup"), "ops": recorder.summary("setup")},
         "exit": {**recorder.totals("exit"), "ops": recorder.summary("exit"), "sync_s": exit_s,
                  "divergence": exit_div[0], "divergence_rel": exit_div[1]},
-        "total": {
-            "collectives": sum(r["count"] for r in total_ops.values()),
-            "payload_bytes": sum(r["payload_bytes"] for r in total_ops.values()),
-            "bus_bytes": sum(r["bus_bytes"] for r in total_ops.values()),
-            "comm_s": sum(r["comm_s"] for r in total_ops.values()),
-            "ops": total_ops,
-        },
+        "total": collective_totals(total_ops),
         "syncs": len(sync_records),
         "syncs_observed": averagings_seen(recorder.events),
         "sync_s": sync_records,
