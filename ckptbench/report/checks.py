@@ -12,14 +12,12 @@ from __future__ import annotations
 import csv
 import math
 import operator
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..errors import StorageError
-from ..store.files import remove_quietly
+from ..store.files import atomic_writer
 from .columns import CHECK_FIELDS, strategy_order
 
 INLINE_CHECKS = 400  # up to this many checks the page lists every one; past it, the failing ones only
@@ -184,22 +182,14 @@ def _csv_rows(t: pd.DataFrame, failing: bool) -> Iterator[tuple]:
 def write_checks_csv(t: pd.DataFrame, path: str) -> int:
     """Every check of the run, one row per (record, quantity), the failing ones first, then the others
     in record order; written atomically.  Returns the number of rows."""
-    tmp = f"{path}.tmp{os.getpid()}"
     n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(CSV_FIELDS)
-            for failing in (True, False):
-                rows = list(_csv_rows(t, failing))
-                writer.writerows(rows)
-                n += len(rows)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        remove_quietly(tmp)
-        raise StorageError(path, exc) from exc
+    with atomic_writer(path, newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_FIELDS)
+        for failing in (True, False):
+            rows = list(_csv_rows(t, failing))
+            writer.writerows(rows)
+            n += len(rows)
     return n
 
 

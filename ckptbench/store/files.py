@@ -5,14 +5,19 @@ Torch-free, so the sweep's parent, the torchrun launcher and the workers all use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
+from typing import TextIO
 
 from ..errors import StorageError
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write, flush, fsync a temporary file beside `path`, then rename it over `path`.
+@contextlib.contextmanager
+def atomic_writer(path: str, newline: str | None = None) -> Iterator[TextIO]:
+    """A text file to write `path` through: a temporary file beside it, flushed, fsync'd and renamed over
+    `path` when the block ends.
 
     A reader sees the old file or the whole new one, never a torn one; the temporary name carries the
     pid, so two processes writing the same file (shards started together) never share it.  When any
@@ -21,14 +26,20 @@ def write_text_atomic(path: str, text: str) -> None:
     """
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(tmp, "w", encoding="utf-8", newline=newline) as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         remove_quietly(tmp)
         raise StorageError(path, exc) from exc
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` atomically (:func:`atomic_writer`)."""
+    with atomic_writer(path) as fh:
+        fh.write(text)
 
 
 def remove_quietly(path: str) -> None:

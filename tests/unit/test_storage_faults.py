@@ -55,6 +55,23 @@ def test_a_failed_atomic_write_leaves_no_temporary_file_and_the_old_file(tmp_pat
     assert _leftovers(tmp_path) == [] and path.read_text() == "old"
 
 
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_a_failed_checks_csv_leaves_no_temporary_file_and_the_old_file(tmp_path, monkeypatch, step):
+    from ckptbench.report.checks import write_checks_csv
+    from ckptbench.report.columns import record_frame, tidy
+    from tests.synthetic_run import synthetic_records
+
+    path = tmp_path / "report.checks.csv"
+    path.write_text("old")
+    frame = tidy(record_frame(synthetic_records(20)))
+    monkeypatch.setattr(os, step, _raise(errno.ENOSPC))
+    with pytest.raises(StorageError) as caught:
+        write_checks_csv(frame, str(path))
+    monkeypatch.undo()
+    assert str(path) in str(caught.value)
+    assert _leftovers(tmp_path) == [] and path.read_text() == "old"
+
+
 def test_an_append_that_fills_the_disk_leaves_the_records_before_it_whole(tmp_path, monkeypatch):
     store = RecordStore(str(tmp_path))
     store.append({"case_id": "a", "status": "ok", "case": CASE})
