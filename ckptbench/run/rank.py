@@ -96,22 +96,6 @@ def summarise_fsdp(ranks: list[dict]) -> dict:
     }
 
 
-def train_rank_unpinned_if_needed(case: Case, sync_impl: str) -> dict:
-    """A data-parallel rank; offload on a torch build without pinned host memory runs transformers' own
-    offload unpinned, as the single-process worker and the FSDP2 loop do (else ``save_on_cpu(pin_memory=True)``
-    fails on the first checkpointed layer); the result says ``offload_pinned``."""
-    from contextlib import nullcontext
-
-    from ..train.checkpointing import offload_without_pinning, pinned_memory_error
-    from ..train.localsgd import train_rank
-
-    pin_error = pinned_memory_error() if case.offload else None
-    with offload_without_pinning() if pin_error else nullcontext():
-        data = train_rank(case, sync_impl=sync_impl)
-    data["offload_pinned"] = (pin_error is None) if case.offload else None
-    return data
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckptbench.run.rank", description=__doc__)
     parser.add_argument("--case", action="append", required=True, help="Case JSON file (repeatable)")
@@ -123,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from ..train.checkpointing import offload_as_this_build_allows
     from ..train.fsdp import train_rank_fsdp
+    from ..train.localsgd import train_rank
 
     cases = []
     for path in args.case:
@@ -131,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             cases.append(Case.from_dict(json.load(f)))
     for case in cases:
         torch.set_num_threads(case.train.threads)
-        if case.setup.sharding == "fsdp":
-            data = train_rank_fsdp(case)
-        else:
-            data = train_rank_unpinned_if_needed(case, args.sync_impl)
+        # without a pinned allocator (a CPU-only torch) transformers' offload runs unpinned, as on one
+        # process (else save_on_cpu(pin_memory=True) fails on the first checkpointed layer)
+        with offload_as_this_build_allows(case.offload) as pin_error:
+            data = train_rank_fsdp(case) if case.setup.sharding == "fsdp" else train_rank(case, args.sync_impl)
+        data["offload_pinned"] = (pin_error is None) if case.offload else None
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, data)
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:

@@ -14,7 +14,6 @@ import json
 import os
 import time
 import traceback
-from contextlib import nullcontext
 
 import torch
 
@@ -25,7 +24,7 @@ from ..spec import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
 from ..train.adapters import adapter_facts, base_parameter_count, with_adapters
-from ..train.checkpointing import decoder_layers, offload_without_pinning, pinned_memory_error
+from ..train.checkpointing import decoder_layers, offload_as_this_build_allows
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step
 from ..train.models import build_model, dropout_values, synthetic_batch
@@ -124,17 +123,10 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     if fault is not None and fault.kind not in ("slow", "slower"):
         inject(fault)
 
-    offload_pinned = None
-    offload_note = ""
-    pin_error = pinned_memory_error() if case.offload else None
-    if case.offload:
-        offload_pinned = pin_error is None
-        if pin_error:
-            offload_note = (f"this torch build has no pinned allocator ({pin_error}); transformers' offload "
-                            "ran with pin_memory=False")
-    ctx = offload_without_pinning() if (case.offload and pin_error) else nullcontext()
-
-    with ctx:
+    with offload_as_this_build_allows(case.offload) as pin_error:
+        offload_pinned = (pin_error is None) if case.offload else None
+        offload_note = (f"this torch build has no pinned allocator ({pin_error}); transformers' offload ran with "
+                        "pin_memory=False") if pin_error else ""
         try:
             model = build_model(case.model, device)
         except (AssertionError, NotImplementedError, ValueError) as exc:  # a config this model type refuses

@@ -66,3 +66,16 @@ def offload_without_pinning():
         yield
     finally:
         mu.save_on_cpu = original
+
+
+@contextmanager
+def offload_as_this_build_allows(offload: bool):
+    """Run transformers' offload as this torch build allows: pinned where it has a pinned allocator, else
+    unpinned (:func:`offload_without_pinning`).  Yields why it cannot pin (None when it can, or when
+    nothing is offloaded), for the record's ``offload_pinned``."""
+    error = pinned_memory_error() if offload else None
+    if error is None:
+        yield None
+        return
+    with offload_without_pinning():
+        yield error

@@ -41,7 +41,7 @@ from ..measure.saved import LayerProbe
 from ..measure.storage import StorageSerials
 from ..measure.timing import boundary_clock
 from ..spec import Case
-from .checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning, pinned_memory_error
+from .checkpointing import decoder_layers, enable_checkpointing
 from .data import rank_data
 from .models import build_model
 from .optimizers import build_optimizer, describe_optimizer
@@ -89,19 +89,8 @@ def local_bytes(tensors) -> int:
 def train_rank_fsdp(case: Case) -> dict:
     """Run `case` on this rank with FSDP2 and return this rank's measurements (the shape
     :func:`ckptbench.train.localsgd.train_rank` returns, plus the per-rank memory of the memory step).
-
-    Offload on a torch build without pinned host memory runs transformers' own offload unpinned (as the
-    single-process worker does); the result says ``offload_pinned``."""
-    from contextlib import nullcontext
-
-    pin_error = pinned_memory_error() if case.offload else None
-    with offload_without_pinning() if pin_error else nullcontext():
-        data = _train(case)
-    data["offload_pinned"] = (pin_error is None) if case.offload else None
-    return data
-
-
-def _train(case: Case) -> dict:
+    Offload runs as the torch build allows (``run.rank`` enters
+    :func:`.checkpointing.offload_as_this_build_allows` for every rank)."""
     import os
 
     if case.device == "cuda":
