@@ -5,7 +5,7 @@ naming its key."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from .runsetup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
 from .spec import TrainSpec
@@ -82,6 +82,6 @@ def setups(ck: _Checker, axes: dict, table: dict, device: str, attn: str) -> lis
                     "s² probabilities the estimate does not model; use precision bf16-mixed (or bf16, fp16), "
                     "or attn eager")
         for loop, r, shard, opt in itertools.product(loops, ranks, shardings, optimizers):
-            adapters = None if r == 0 else Lora(**{**(lora.__dict__ if lora else {}), "r": r})
+            adapters = None if r == 0 else replace(lora or Lora(), r=r)
             out.append((dtype, Setup(autocast=autocast, loop=loop, lora=adapters, sharding=shard, optimizer=opt)))
     return out
