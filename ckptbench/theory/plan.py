@@ -223,13 +223,13 @@ def merged(options: list[Option]) -> list[Option]:
     (every-16 … every-31 of 32 layers each checkpoint two layers) become one row, named by their range."""
     rows: list[Option] = []
     runs: list[list[Option]] = []
+    keys: list[tuple] = []  # each run's answer: consecutive options with the same one join it
     for o in options:
         key = (_family(o), o.max_batch, o.max_seq, o.peak_bytes, o.step_s, o.tokens_per_s)
-        last = runs[-1][-1] if runs else None
-        if last is not None and key == (_family(last), last.max_batch, last.max_seq, last.peak_bytes,
-                                         last.step_s, last.tokens_per_s):
+        if keys and keys[-1] == key:
             runs[-1].append(o)
         else:
+            keys.append(key)
             runs.append([o])
     for run in runs:
         first = run[0]
