@@ -90,6 +90,19 @@ def cmd_compare(args) -> int:
     return 1 if comparison.failed else 0
 
 
+def compare_help() -> str:
+    """``compare --help``: :mod:`ckptbench.store.compare`'s docstring up to its note for programmers, read
+    from the source, because importing the module (numpy, the record store) would make every command's
+    parser, ``ckptbench models`` included, pay for it."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("ckptbench.store.compare")
+    with open(spec.origin, encoding="utf-8") as fh:
+        doc = ast.get_docstring(ast.parse(fh.read()), clean=False) or ""
+    return doc.split("\n\nFor other code")[0]
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("report", help="render the HTML report of a results directory")
     p.add_argument("run", help="results directory")
@@ -97,10 +110,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--baseline", metavar="OLD_RUN", help="show changes against an earlier results directory")
     p.set_defaults(func=cmd_report)
 
-    from ..store.compare import HELP as compare_help
-
     p = sub.add_parser("compare", help="what got better or worse between two runs (exit 1 on a regression)",
-                       description=compare_help, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=compare_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", help="baseline: results directory, records.jsonl or pytest-benchmark JSON")
     p.add_argument("new", help="candidate, of the same kind as OLD")
     p.add_argument("--fail-memory", type=_percent, default="2%", metavar="PCT",

@@ -28,15 +28,31 @@ def host_part() -> dict:
 
 def probe_torch(timeout_s: float = PROBE_TIMEOUT_S) -> dict:
     """The torch half from a child interpreter, or ``{"torch_probe_error": why}`` when it could not run."""
+    return _probe_result(_start_probe(), timeout_s)
+
+
+def _start_probe():
+    """The child that imports torch, started (the host half is gathered while it imports), or the error."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "ckptbench.train.environment"], capture_output=True,
-                              text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.Popen([sys.executable, "-m", "ckptbench.train.environment"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        return exc
+
+
+def _probe_result(proc, timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+    if isinstance(proc, OSError):
+        return {"torch_probe_error": f"{type(proc).__name__}: {proc}"}
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        proc.communicate()
         return {"torch_probe_error": f"{type(exc).__name__}: {exc}"}
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}, no output"])[-1]
+        last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}, no output"])[-1]
         return {"torch_probe_error": last}
 
 
@@ -50,4 +66,5 @@ def machine_environment(host: dict, torch_part: dict) -> dict:
 
 def collect() -> dict:
     """The whole environment, the torch half asked of a child: ``ckptbench env`` and the default suite."""
-    return machine_environment(host_part(), probe_torch())
+    child = _start_probe()  # importing torch takes seconds: the host half is gathered meanwhile
+    return machine_environment(host_part(), _probe_result(child))
