@@ -45,10 +45,21 @@ def cmd_report(args) -> int:
         raise UsageError(f"{args.baseline}: no such baseline results directory")
     if os.path.isdir(out):
         raise UsageError(f"-o {out} is a directory; give the HTML file's path")
+    exports = {"--csv": args.csv, "--parquet": args.parquet}
+    for flag, path in exports.items():
+        if path and os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a directory; give the file's path")
     loaded = require_records(args.run, "report")
     console = Console(stderr=True)
     for note in loaded.notes():
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    if any(exports.values()):
+        from ..report.export import write_exports
+
+        for path in write_exports(loaded.records, csv=args.csv, parquet=args.parquet):
+            console.print(f"table: {path}")
+        if not args.output:  # an export alone: the page is drawn only when -o asks for it too
+            return 0
     return render(args.run, out, console, args.baseline, loaded)
 
 
@@ -108,6 +119,9 @@ def add_parsers(sub) -> None:
     p.add_argument("run", help="results directory")
     p.add_argument("-o", "--output", help="HTML file (default reports/<run>.html)")
     p.add_argument("--baseline", metavar="OLD_RUN", help="show changes against an earlier results directory")
+    p.add_argument("--csv", metavar="FILE", help="write the report's table (one row per point) as CSV; "
+                                                 "with --csv or --parquet alone no HTML is drawn unless -o is given")
+    p.add_argument("--parquet", metavar="FILE", help="the same table as Parquet (column types kept)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="what got better or worse between two runs (exit 1 on a regression)",

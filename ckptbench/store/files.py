@@ -36,6 +36,19 @@ def atomic_writer(path: str, newline: str | None = None) -> Iterator[TextIO]:
         raise StorageError(path, exc) from exc
 
 
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary path beside `path` for a writer that opens files itself (pandas, pyarrow): renamed over
+    `path` when the block ends, removed when it fails, with :class:`~ckptbench.errors.StorageError`."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as exc:
+        remove_quietly(tmp)
+        raise StorageError(path, exc) from exc
+
+
 def write_text_atomic(path: str, text: str) -> None:
     """Write `text` to `path` atomically (:func:`atomic_writer`)."""
     with atomic_writer(path) as fh:
