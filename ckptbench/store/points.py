@@ -52,7 +52,7 @@ class Point:
     status: str
     values: dict  # quantity key -> float | None
     spread: float | None = None  # relative spread of the step times (see module docstring)
-    samples: tuple[float, ...] = ()  # every timed step's time (all repeats pooled): what significance is tested on
+    samples: tuple[float, ...] = ()  # what significance is tested on: every timed step, or one median per repeat (`unit`)
     ci: tuple[float, float] | None = None  # the median's bootstrap interval over `samples`, when already drawn
     ci_coverage: float | None = None  # how often that interval covers the median, when the record says
     unit: str = "steps"  # what one of `samples` is: steps, repeat medians, rounds (pytest-benchmark)
