@@ -303,7 +303,7 @@ def cmd_sweep(args) -> int:
     loaded = load_records(out)
     from rich.markup import escape
 
-    for problem in loaded.notes():
+    for problem in loaded.notes() + result.notes:
         console.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     from ..store.records import latest_per_case
 

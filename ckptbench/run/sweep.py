@@ -27,6 +27,7 @@ from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
 from .shards import SweepLock
 from .slots import Placement, sweep_slots
+from .speed_reading import take_readings
 
 # Variables that set a math library's thread count behind torch's back.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -53,6 +54,7 @@ class SweepOptions:
     retry: tuple[str, ...] = ()  # --retry: statuses --resume runs again, until a point has had max_attempts runs
     max_attempts: int = MAX_ATTEMPTS
     faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
+    calibrate: bool = True  # time the calibration kernel at the start and the end (what compare divides by)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class SweepResult:
     planned: list[Case]
     skipped_ids: list[str]
     records: list[dict]
+    notes: list[str] = field(default_factory=list)  # what went wrong beside the points (a calibration reading)
 
 
 def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
@@ -280,7 +283,15 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
-    if any(case.world_size == 1 for case, _ in todo):
+    forked = any(case.world_size == 1 for case, _ in todo)
+    if forked:
         start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
+
+    def calibration(at: str) -> list[str]:  # the machine's speed now: what compare tells drift from change by
+        return take_readings(options.out_dir, at, [c for c, _ in todo], forked, shard, options.job) \
+            if options.calibrate else []
+
+    notes = calibration("start")
     run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
-    return SweepResult(options.out_dir, planned, skipped, records)
+    notes += calibration("end")
+    return SweepResult(options.out_dir, planned, skipped, records, notes)

@@ -76,6 +76,24 @@ def test_batched_rank_tests_are_the_tests_run_one_at_a_time():
     assert all(g == e or math.isclose(g, e, rel_tol=1e-12) for g, e in zip(got, expected) if e is not None)
 
 
+def test_batched_welch_tests_are_scipys_welch_test_run_one_at_a_time():
+    pytest.importorskip("scipy")
+    from scipy.stats import ttest_ind
+
+    from ckptbench.store import significance
+
+    samples = _samples(120)
+    triples = [(a, [t * 1.07 for t in b], "slower" if k % 2 else "faster")
+               for k, (a, b) in enumerate(zip(samples, samples[1:]))]
+    expected = [None if len(o) < 2 or len(n) < 2 else
+                float(ttest_ind(np.log(n), np.log(o), equal_var=False,
+                                alternative="greater" if d == "slower" else "less").pvalue) for o, n, d in triples]
+    got = significance.p_values(triples)
+    assert [g is None for g in got] == [e is None for e in expected] and sum(e is not None for e in expected) > 80
+    assert all(math.isclose(g, e, rel_tol=1e-9) for g, e in zip(got, expected) if e is not None)
+    assert significance.p_values([([0.1], [0.2, 0.3], "slower")]) == [None]  # one time: nothing to test
+
+
 @pytest.fixture(scope="module")
 def big_run(tmp_path_factory):
     return write_run(str(tmp_path_factory.mktemp("big") / "run"), N)
@@ -121,17 +139,17 @@ def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
 
 def test_compare_runs_its_tests_in_batches_and_draws_only_what_moved(monkeypatch):
     pytest.importorskip("scipy")
-    import scipy.stats
+    from ckptbench.store import significance
 
     old, new = synthetic_records(N, seed=0), synthetic_records(N, seed=1)
     tests = []
-    real = scipy.stats.mannwhitneyu
-    monkeypatch.setattr(scipy.stats, "mannwhitneyu", lambda *a, **k: tests.append(1) or real(*a, **k))
+    real = significance.welch
+    monkeypatch.setattr(significance, "welch", lambda *a, **k: tests.append(1) or real(*a, **k))
     comparison = compare_runs(old, new)
     assert len(comparison.points) == N
     timed = sum(1 for p in comparison.points for d in p.deltas if d.p_value is not None)
     assert timed >= N  # every point's times were tested ...
-    assert len(tests) <= 16  # ... in a few calls (by sizes, direction and ties), not one per point
+    assert len(tests) <= 4  # ... in a few calls (one per pair of sample sizes), not one per point
     shown = compare_view.shown_points(comparison)
     assert len(shown) == compare_view.TABLE_POINTS and all(compare_view.notable(p) for p in shown)
     regressions = comparison.regressions
