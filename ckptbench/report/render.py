@@ -17,7 +17,7 @@ import jinja2
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables
+from . import checks, env_table, figures, localsgd_quality, network_section, plan_section, scatters, tables
 from .columns import has, record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -103,7 +103,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d = ctx.data
     d["suite"] = suite
     d["n_records"] = len(loaded.records)
-    d["env"] = _guard(ctx, "environment", lambda: tables.environment(frame), []) if t is not None else []
+    d["env"] = _guard(ctx, "environment", lambda: env_table.environment_table(
+        frame, checks.settings(t) if t is not None else None), env_table.EnvTable())
     if t is None:
         ctx.problems.append("no readable records: nothing was measured, or the records file is empty "
                             "or unreadable" if not loaded.problems else

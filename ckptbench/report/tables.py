@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.stats import ratio_cis
-from .columns import env_columns, strategies
+from .columns import strategies
 
 GIB = 2**30
 
@@ -164,16 +164,6 @@ def failure_rows(t: pd.DataFrame) -> list[dict]:
 
 def offload_notes(t: pd.DataFrame) -> list[str]:
     return sorted({n for n in t["offload_note"] if n})
-
-
-def environment(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """Every env key with its value(s); a key whose value differs between records lists all values."""
-    rows = []
-    for key, col in env_columns(frame):
-        values = sorted({str(v) for v in frame[col] if v is not None and not (isinstance(v, float) and
-                                                                               math.isnan(v))})
-        rows.append((key, ", ".join(values) if values else "–"))
-    return rows
 
 
 def local_sgd_rows(t: pd.DataFrame) -> list[dict]:

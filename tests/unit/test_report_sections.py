@@ -158,3 +158,52 @@ def test_a_broken_section_is_a_note_not_a_traceback(tmp_path, monkeypatch):
     html = open(render_report(str(run), str(tmp_path / "r.html"))).read()
     assert "section &#39;breakdown&#39; could not be rendered: ValueError: no" in html
     assert HEADINGS["breakdown"] + " (no data in this run)" in html
+
+
+ENV = {"python": "3.11.7", "torch_version": "2.13.0+cpu", "cuda_runtime": None, "transformers_version": "5.23.0",
+       "cpu": "AMD EPYC", "cpu_count": 2, "torch_threads": 1, "thread_env": "unset", "cuda_available": False,
+       "nvml": "not available (no driver)", "driver": None, "driver_cuda": None, "nvml_devices": [], "devices": [],
+       "ckptbench_version": "0.1.0", "git_commit": "abc123", "nvidia-ml-py_version": None,
+       "extra_list": ["a", "b"]}
+
+
+def env_run(tmp_path):
+    recs = []
+    for i, (seq, load) in enumerate(((64, "1.50 1.20 1.00"), (128, "2.50 1.40 1.10"), (256, "3.00 1.60 1.20"))):
+        r = record(seq=seq)
+        r["env"] = {**ENV, "load_average": load, **({"transformers_version": "5.24.0"} if i == 2 else {})}
+        r["finished_at"] = f"2026-01-01T00:00:0{i}+0000"
+        recs.append(r)
+    return write(tmp_path, recs)
+
+
+def test_environment_is_labelled_rows_with_the_load_summarised(tmp_path):
+    from tests.e2e.report_html import Page
+
+    html = open(render_report(str(env_run(tmp_path)), str(tmp_path / "r.html"))).read()
+    env = html.split('<table class="environment">', 1)[1].split("</table>", 1)[0]
+    rows = dict((th, td) for th, td in
+                (cell.split("</th><td>") for cell in env.replace("<tr><th>", "\n").replace("</td></tr>", "").split("\n")[1:]))
+    assert rows == {
+        "ckptbench": "0.1.0, commit abc123",
+        "Python": "3.11.7",
+        "torch": "2.13.0+cpu (CPU-only build)",
+        "transformers": "5.23.0 (2 points); 5.24.0 (1 point)",  # a value that differs between points: each, counted
+        "nvidia-ml-py": "not installed",
+        "CPU": "AMD EPYC, 2 logical cores",
+        "Threads": "1 torch thread per process; OMP/MKL/OpenBLAS thread variables unset",
+        "CUDA": "not available",
+        "NVML": "not available (no driver)",
+        "extra list": "a, b",  # a key no row knows: under its own name, the list joined
+        "Load average": "1-minute load as each point ended, over 3 points: min 1.50, median 2.50, max 3.00, "
+                        "against 2 logical cores; 2 points ended with more load than cores",
+    }
+    assert "[" not in env and "1.50 1.20 1.00" not in env  # no Python list text, no bare triples
+    page = Page(html)
+    assert page.tables["load-points"] == [
+        ["2026-01-01T00:00:00+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 64", "1.50", "1.20", "1.00"],
+        ["2026-01-01T00:00:01+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 128", "2.50", "1.40", "1.10"],
+        ["2026-01-01T00:00:02+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 256", "3.00", "1.60", "1.20"]]
+    assert '<details class="load"><summary>Load average per point (3 points)</summary>' in html  # folded
+    assert html.count('<tr class="fail"><td>2026-01-01') == 2  # the two points above the core count, shaded
+
