@@ -18,7 +18,7 @@ from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
 from . import checks, env_table, figures, localsgd_quality, network_section, plan_section, scatters, tables
-from .columns import has, record_frame, strategies, tidy
+from .columns import record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -118,7 +118,6 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["strategies"] = strategies(t)
     finished = frame["finished_at"].dropna().astype(str) if "finished_at" in frame.columns else []
     d["finished"] = (min(finished), max(finished)) if len(finished) else None
-    ok = t[t["ok"]]
 
     d["headline"] = _guard(ctx, "headline", lambda: tables.headline(t, suite.budgets_gib), [])
     d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
@@ -138,7 +137,6 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         [{"quantity": "peak_bytes (simulated)", "measured": r["measured"], "estimated": r["simulated"]}
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
-    d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
     d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
@@ -162,11 +160,11 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "headline": True,
         "memory": bool(d["memory_figs"]),
         "pareto": bool(d["pareto_figs"]),
-        "checks": not ok.empty,
+        "checks": bool(d["checks_total"]),
         "breakdown": d["breakdown_fig"] is not None,
         "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]) or bool(d["quality"]) or bool(d["network"]),
         "plan": bool(d.get("plan")),
-        "failures": True,
+        "failures": bool(d["failures"]),
         "baseline": baseline_dir is not None,
         "environment": True,
     }

@@ -121,7 +121,7 @@ def test_estimate_and_checks_sections(tmp_path):
     assert "Dashed: analytic estimate" in html
     assert "Measured vs estimate" in html
     assert html.count("<tr class=\"fail\">") == 6 + 1  # six failed checks, one failing quantity
-    assert HEADINGS["localsgd"] + " (no data in this run)" in html
+    assert HEADINGS["localsgd"] not in html  # no data, no heading and no entry in the contents
     assert "out of memory" in html and "OutOfMemoryError" in html
 
 
@@ -134,7 +134,7 @@ def test_local_sgd_section(tmp_path):
     assert f"<h2>{HEADINGS['localsgd']}</h2>" in html
     assert "Communication per step vs K" in html and "Loss vs step per K" in html
     assert html.count("<td>DDP</td>") == 1
-    assert "No estimate checks in this run" in html
+    assert HEADINGS["checks"] not in html  # the records carry no checks: no section
     assert "could not be rendered" not in html
 
 
@@ -157,7 +157,7 @@ def test_a_broken_section_is_a_note_not_a_traceback(tmp_path, monkeypatch):
     run = write(tmp_path, ckpt_run())
     html = open(render_report(str(run), str(tmp_path / "r.html"))).read()
     assert "section &#39;breakdown&#39; could not be rendered: ValueError: no" in html
-    assert HEADINGS["breakdown"] + " (no data in this run)" in html
+    assert HEADINGS["breakdown"] not in html
 
 
 ENV = {"python": "3.11.7", "torch_version": "2.13.0+cpu", "cuda_runtime": None, "transformers_version": "5.23.0",
@@ -207,3 +207,20 @@ def test_environment_is_labelled_rows_with_the_load_summarised(tmp_path):
     assert '<details class="load"><summary>Load average per point (3 points)</summary>' in html  # folded
     assert html.count('<tr class="fail"><td>2026-01-01') == 2  # the two points above the core count, shaded
 
+
+def test_sections_without_data_are_left_out(tmp_path):
+    """No local SGD, no failure, no baseline, no plan: none of their headings, not even in the contents."""
+    from tests.e2e.report_html import Page
+
+    recs = [r for r in ckpt_run() if r["status"] == "ok"]
+    html = open(render_report(str(write(tmp_path, recs, SUITE)), str(tmp_path / "r.html"))).read()
+    page = Page(html)
+    for key in ("localsgd", "failures", "baseline", "plan"):
+        assert HEADINGS[key] not in page.h2, key
+        assert f'href="#{key}"' not in html and f'id="{key}"' not in html, key
+    assert "no data in this run" not in html and "finished ok." not in html
+    # the sections that have data, in the order SECTIONS gives, each once in the contents
+    present = [heading for key, heading in SECTIONS if key in ("headline", "memory", "pareto", "checks", "breakdown",
+                                                               "environment")]
+    assert page.h2 == present
+    assert [ref for tag, _, ref in page.refs if tag == "a"] == [f"#{key}" for key, h in SECTIONS if h in present]
