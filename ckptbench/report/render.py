@@ -17,7 +17,17 @@ import jinja2
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, env_table, figures, localsgd_quality, network_section, plan_section, scatters, tables
+from . import (
+    check_format,
+    checks,
+    env_table,
+    figures,
+    localsgd_quality,
+    network_section,
+    plan_section,
+    scatters,
+    tables,
+)
 from .columns import record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -185,6 +195,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["bytes"] = tables.fmt_bytes
     env.filters["num"] = tables.fmt_num
+    env.filters["check_cells"] = check_format.cells
     return env
 
 

@@ -208,6 +208,45 @@ def test_environment_is_labelled_rows_with_the_load_summarised(tmp_path):
     assert html.count('<tr class="fail"><td>2026-01-01') == 2  # the two points above the core count, shaded
 
 
+def test_check_values_in_their_units_and_tolerances_in_percent():
+    from ckptbench.report.check_format import cells, tolerance_text, tolerances_text, value_cell
+
+    assert [tolerance_text(t) for t in (0.05, 0.1, 0.2, 0.005, 0.0, 0, None)] == \
+        ["±5 %", "±10 %", "±20 %", "±0.5 %", "exact", "exact", "–"]
+    assert tolerances_text([0.05, 0.2, 0.05, None]) == "±5 %, ±20 %"
+    row = cells({"quantity": "peak_bytes", "measured": 56939804, "estimated": 56922396, "ratio": 1.0003058,
+                 "tolerance": 0.05, "difference": 17408})
+    assert (row["measured"].text, row["measured"].title) == ("54.30 MiB", "56,939,804 B")
+    assert (row["difference"].text, row["difference"].title) == ("+17.00 KiB", "+17,408 B")
+    assert (row["ratio"], row["tolerance"]) == ("1.0003", "±5 %")
+    assert value_cell(-5 * MIB, "saved_bytes", signed=True).text == "-5.00 MiB"
+    assert (value_cell(4, "saved_bytes", signed=True).text, value_cell(4, "saved_bytes").title) == ("+4 B", "")
+    assert value_cell(2629828608, "hardware_flops").text == "2.63 GFLOP"
+    assert value_cell(2629828608, "hardware_flops").title == "2,629,828,608 FLOP"
+    assert value_cell(741, "allreduce_count").text == "741"  # a count, not bytes
+    assert value_cell([], "recomputed_layers").text == "none"
+    assert value_cell([0, 2], "recomputed_layers").text == "0, 2"
+    assert value_cell("optimizer", "peak_phase").text == "optimizer"
+    assert value_cell(None, "peak_bytes").text == "–"
+
+
+def test_checks_table_text(tmp_path):
+    from tests.e2e.report_html import Page
+
+    html = open(render_report(str(write(tmp_path, ckpt_run(), SUITE)), str(tmp_path / "r.html"))).read()
+    page = Page(html)
+    summary = page.tables["check-summary"]
+    assert [row[0] for row in summary] == ["mem_after_forward_bytes", "peak_bytes"]  # failing quantity first
+    assert [row[-1] for row in summary] == ["±5 %", "±10 %"]
+    rows = page.tables["check-rows"]
+    assert [r[0] for r in rows] == ["fail"] * 6 + ["pass"] * 10  # failures first
+    first = rows[0]  # every-2 at seq 64: 48 MiB peak, after forward 0.8 × 48 MiB against 0.75 × 48 MiB
+    assert first[1:] == ["mem_after_forward_bytes", "llama-tiny · fp32 · eager · dropout off · every-2 · batch 2 · seq 64",
+                         "38.40 MiB", "36.00 MiB", "1.0667", "±5 %", "+2.40 MiB"]
+    assert '<td class="num" title="40,265,318.4 B">38.40 MiB</td>' in html  # the exact figure on hover
+    assert '<td class="num" title="+2,516,582.4 B">+2.40 MiB</td>' in html
+
+
 def test_sections_without_data_are_left_out(tmp_path):
     """No local SGD, no failure, no baseline, no plan: none of their headings, not even in the contents."""
     from tests.e2e.report_html import Page
