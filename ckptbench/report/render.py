@@ -23,6 +23,7 @@ from . import (
     env_table,
     figures,
     localsgd_quality,
+    loss_curves,
     network_section,
     plan_section,
     scatters,
@@ -149,12 +150,15 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
-    d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
-                                      (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
+    d["comm_fig"] = _guard(ctx, "local SGD", lambda: figures.comm_vs_k(t))
+    d["loss_fig"] = _guard(ctx, "local SGD", lambda: loss_curves.training_loss(t))
     d["quality"] = _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_rows(t), [])
-    d["quality_figs"] = [f for f in (_guard(ctx, "local SGD quality", lambda: localsgd_quality.eval_curves(t)),
-                                     _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_vs_saved(
-                                         d["quality"]))) if f is not None]
+    d["quality_seeds"] = _guard(ctx, "local SGD quality", lambda: localsgd_quality.seed_rows(t), [])
+    d["quality_note"] = localsgd_quality.INTERVAL_NOTE
+    d["quality_figs"] = [f for f in (_guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_vs_saved(
+                                         d["quality"])),
+                                     _guard(ctx, "local SGD quality", lambda: localsgd_quality.eval_curves(t)))
+                         if f is not None]
     d["network"] = _guard(ctx, "network projection", lambda: network_section.projection(t))
     d["network_fig"] = _guard(ctx, "network projection", lambda: network_section.projection_figure(d["network"]))
     d["failures"] = tables.failure_rows(t)
@@ -172,7 +176,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "pareto": bool(d["pareto_figs"]),
         "checks": bool(d["checks_total"]),
         "breakdown": d["breakdown_fig"] is not None,
-        "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]) or bool(d["quality"]) or bool(d["network"]),
+        "localsgd": bool(d["localsgd"] or d["comm_fig"] or d["loss_fig"] or d["quality"] or d["network"]),
         "plan": bool(d.get("plan")),
         "failures": bool(d["failures"]),
         "baseline": baseline_dir is not None,

@@ -167,11 +167,12 @@ def offload_notes(t: pd.DataFrame) -> list[str]:
 
 
 def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
-    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq"])
+    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq", "seed"])
     rows = []
     for _, r in dist.iterrows():
         losses = r["losses"] if isinstance(r["losses"], list) else []
         rows.append({"setting": setting(r), "K": "DDP" if not r["K"] else f"{r['K']:.0f}",
+                     "seed": "–" if math.isnan(r["seed"]) else f"{r['seed']:.0f}",
                      "world": f"{r['world']:.0f}", "payload": fmt_bytes(r["comm_payload"]),
                      "bus": fmt_bytes(r["comm_bus"]), "collectives": fmt_num(r["collectives"]),
                      "sync": fmt_num(r["sync_s"] * 1e3 if not math.isnan(r["sync_s"]) else r["sync_s"]),

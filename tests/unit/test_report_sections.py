@@ -132,7 +132,7 @@ def test_local_sgd_section(tmp_path):
     run = write(tmp_path, recs)
     html = open(render_report(str(run), str(tmp_path / "r.html"))).read()
     assert f"<h2>{HEADINGS['localsgd']}</h2>" in html
-    assert "Communication per step vs K" in html and "Loss vs step per K" in html
+    assert "Communication per step vs K" in html and "Training loss vs step per K (smoothed)" in html
     assert html.count("<td>DDP</td>") == 1
     assert HEADINGS["checks"] not in html  # the records carry no checks: no section
     assert "could not be rendered" not in html
