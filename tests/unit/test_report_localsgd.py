@@ -98,15 +98,16 @@ def test_the_section_leads_with_the_gap_and_shows_seeds(tmp_path):
                          "Held-out loss vs tokens per K", "Training loss", "Training loss vs step per K (smoothed)"]
     assert names.index("Communication and speed per point") > names.index("Training loss")
     quality = page.tables["quality"]
-    assert [row[1] for row in quality] == ["DDP", "K=4", "K=16"]
-    assert [row[4:7] for row in quality] == [
+    assert [row[0] for row in quality] == ["DDP", "K=4", "K=16"]
+    assert [row[3:6] for row in quality] == [
         ["baseline", "–", "–"],
         ["+0.0300", "[-0.0197, +0.0797]", "95 % t-interval, 3 seeds"],
         ["+0.1500", "[+0.1000, +0.2000]", "min–max of 2 seeds"]]
     assert "Student-t interval of the mean paired gap" in section
     seeds = page.tables["quality-seeds"]
-    assert [row[2] for row in seeds] == ["0", "1", "2", "0", "1", "2", "0", "1"]
-    assert seeds[3][4:] == ["2.4100", "2.4000", "+0.0100"]
+    assert [row[1] for row in seeds] == ["0", "1", "2", "0", "1", "2", "0", "1"]
+    assert seeds[3][3:] == ["2.4100", "2.4000", "+0.0100"]
+    assert section.count("<th colspan") == 2  # the group (model, batch, sequence, data) heads each table once
     assert [row[2] for row in page.tables["localsgd"]] == ["0", "1", "2", "0", "1", "2", "0", "1"]
     assert "trailing moving average over 5 steps" in section and "band: min–max over seeds" in section
     assert "<script" not in html and "could not be rendered" not in html
