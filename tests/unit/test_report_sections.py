@@ -263,3 +263,12 @@ def test_sections_without_data_are_left_out(tmp_path):
                                                                "environment")]
     assert page.h2 == present
     assert [ref for tag, _, ref in page.refs if tag == "a"] == [f"#{key}" for key, h in SECTIONS if h in present]
+
+
+def test_environment_and_check_text_from_records_is_escaped(tmp_path):
+    label = '<script>alert(1)</script>"'
+    r = record(every_n=2)
+    r["env"] = {**ENV, "hostname": label, "devices": [label], "load_average": "1.0 1.0 1.0"}
+    r["checks"][0].update(quantity="peak_phase", measured=label, estimated="optimizer", difference=label)
+    html = open(render_report(str(write(tmp_path, [r])), str(tmp_path / "r.html"))).read()
+    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in html
