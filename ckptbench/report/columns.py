@@ -93,12 +93,6 @@ COLUMNS: dict[str, tuple[str, str]] = {
 # Fields of one entry of record["checks"].
 CHECK_FIELDS = ("quantity", "measured", "estimated", "ratio", "tolerance", "verdict", "difference")
 
-# Environment keys shown first, in this order; any other env.* column follows.
-ENV_FIRST = ("device_name", "driver", "cuda_runtime", "torch", "torch_version", "transformers_version",
-             "accelerate_version", "numpy_version", "python", "platform", "cpu", "cpu_count", "torch_threads",
-             "thread_env", "load_average", "hostname", "git_commit")
-
-
 # Columns of the records frame the report reads besides those of COLUMNS (env.* columns are added too).
 FRAME_EXTRA = ("verdict", "finished_at")
 
@@ -252,10 +246,3 @@ def strategies(t: pd.DataFrame) -> list[str]:
 def has(t: pd.DataFrame, column: str) -> bool:
     """Whether any record carries this field."""
     return column in t.columns and t[column].notna().any()
-
-
-def env_columns(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """(key, dotted column) for every env.* column, well-known keys first."""
-    keys = [c[4:] for c in frame.columns if c.startswith("env.")]
-    ordered = [k for k in ENV_FIRST if k in keys] + sorted(k for k in keys if k not in ENV_FIRST)
-    return [(k, f"env.{k}") for k in ordered]

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.stats import ratio_cis
-from .columns import env_columns, strategies
+from .columns import strategies
 
 GIB = 2**30
 
@@ -166,22 +166,13 @@ def offload_notes(t: pd.DataFrame) -> list[str]:
     return sorted({n for n in t["offload_note"] if n})
 
 
-def environment(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """Every env key with its value(s); a key whose value differs between records lists all values."""
-    rows = []
-    for key, col in env_columns(frame):
-        values = sorted({str(v) for v in frame[col] if v is not None and not (isinstance(v, float) and
-                                                                               math.isnan(v))})
-        rows.append((key, ", ".join(values) if values else "–"))
-    return rows
-
-
 def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
-    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq"])
+    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq", "seed"])
     rows = []
     for _, r in dist.iterrows():
         losses = r["losses"] if isinstance(r["losses"], list) else []
         rows.append({"setting": setting(r), "K": "DDP" if not r["K"] else f"{r['K']:.0f}",
+                     "seed": "–" if math.isnan(r["seed"]) else f"{r['seed']:.0f}",
                      "world": f"{r['world']:.0f}", "payload": fmt_bytes(r["comm_payload"]),
                      "bus": fmt_bytes(r["comm_bus"]), "collectives": fmt_num(r["collectives"]),
                      "sync": fmt_num(r["sync_s"] * 1e3 if not math.isnan(r["sync_s"]) else r["sync_s"]),
