@@ -17,7 +17,7 @@ import jinja2
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables
+from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables, timeline
 from .columns import has, record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -30,6 +30,7 @@ SECTIONS = (
     ("pareto", "Time vs memory"),
     ("checks", "Estimate checks"),
     ("breakdown", "Memory breakdown"),
+    ("timeline", "Memory timeline"),  # left out of the contents too when no record has a timeline
     ("localsgd", "Local SGD"),
     ("plan", "Plan"),
     ("failures", "Failures"),
@@ -139,6 +140,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
     d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
+    d["timeline_figs"], d["timeline_note"] = _guard(ctx, "timeline", lambda: timeline.timeline_figures(
+        loaded.records, t), ([], ""))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
     d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
                                       (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
@@ -163,6 +166,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "pareto": bool(d["pareto_figs"]),
         "checks": not ok.empty,
         "breakdown": d["breakdown_fig"] is not None,
+        "timeline": bool(d["timeline_figs"]),
         "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]) or bool(d["quality"]) or bool(d["network"]),
         "plan": bool(d.get("plan")),
         "failures": True,
