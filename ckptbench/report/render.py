@@ -28,6 +28,7 @@ from . import (
     plan_section,
     scatters,
     tables,
+    timeline,
 )
 from .columns import record_frame, strategies, tidy
 
@@ -41,6 +42,7 @@ SECTIONS = (
     ("pareto", "Time vs memory"),
     ("checks", "Estimate checks"),
     ("breakdown", "Memory breakdown"),
+    ("timeline", "Memory timeline"),  # left out of the contents too when no record has a timeline
     ("localsgd", "Local SGD"),
     ("plan", "Plan"),
     ("failures", "Failures"),
@@ -149,6 +151,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
+    d["timeline_figs"], d["timeline_note"] = _guard(ctx, "timeline", lambda: timeline.timeline_figures(
+        loaded.records, t), ([], ""))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
     d["comm_fig"] = _guard(ctx, "local SGD", lambda: figures.comm_vs_k(t))
     d["loss_fig"] = _guard(ctx, "local SGD", lambda: loss_curves.training_loss(t))
@@ -176,6 +180,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "pareto": bool(d["pareto_figs"]),
         "checks": bool(d["checks_total"]),
         "breakdown": d["breakdown_fig"] is not None,
+        "timeline": bool(d["timeline_figs"]),
         "localsgd": bool(d["localsgd"] or d["comm_fig"] or d["loss_fig"] or d["quality"] or d["network"]),
         "plan": bool(d.get("plan")),
         "failures": bool(d["failures"]),

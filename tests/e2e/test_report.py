@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 HEADINGS = dict(SECTIONS)
 # Sections a single-process smoke run has data for (local SGD needs world_size > 1; baseline needs one).
-SMOKE_SECTIONS = ("headline", "memory", "pareto", "checks", "breakdown", "failures", "environment")
+SMOKE_SECTIONS = ("headline", "memory", "pareto", "checks", "breakdown", "timeline", "failures", "environment")
 LABEL = "<script>alert(1)</script>"
 
 

@@ -1,0 +1,206 @@
+"""The memory timeline section: live bytes over the memory step, side by side for none, checkpointing and
+offload at one point of each model variant, and the bytes each decoder layer keeps for backward.
+
+A record carries its timeline in ``measurement.timeline`` (``ckptbench.measure.timeline``: parallel lists
+``event`` and ``bytes``, marks as ``[event, label]``) and the per-layer saved bytes beside it; records
+from before either are simply not drawn, and the section is left out when no record has a timeline.
+Only a few figures are drawn (the largest batch × seq point of each variant, at most :data:`MAX_FIGURES`),
+so the report stays small whatever the sweep's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from .figures import STYLE, Figure, _encode
+
+MAX_FIGURES = 4
+GIB, MIB = 2**30, 2**20
+PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
+TICKS = (("forward-layer-", "#4c72b0", 0.06), ("backward-layer-", "#dd8452", 0.06),
+         ("recompute-layer-", "#c44e52", 0.12))
+
+
+@dataclass
+class Series:
+    strategy: str
+    measurement: dict
+
+
+@dataclass
+class Group:
+    variant: str
+    batch: int
+    seq: int
+    series: list[Series] = field(default_factory=list)
+
+
+def has_timeline(record: dict) -> bool:
+    tl = (record.get("measurement") or {}).get("timeline")
+    return isinstance(tl, dict) and bool(tl.get("bytes")) and len(tl.get("bytes")) == len(tl.get("event") or ())
+
+
+def choose(records: list[dict], t: pd.DataFrame, max_figures: int = MAX_FIGURES) -> tuple[list[Group], int]:
+    """The groups to draw and how many variants were left out: per variant, the largest batch × seq
+    point with a timeline, and there none, the most checkpointed setting and an offloaded one."""
+    rows: dict[tuple, dict[str, tuple]] = {}
+    for record, row in zip(records, t.itertuples(index=False)):
+        if not row.ok or not has_timeline(record):
+            continue
+        key = (row.variant, int(row.batch), int(row.seq))
+        every_n = 0 if row.every_n != row.every_n else int(row.every_n)
+        rows.setdefault(key, {}).setdefault(row.strategy, (every_n, bool(row.offload), record["measurement"]))
+    best: dict[str, tuple] = {}
+    for variant, batch, seq in rows:
+        size = (batch * seq, seq)
+        if variant not in best or size > best[variant][0]:
+            best[variant] = (size, batch, seq)
+    groups = []
+    for variant in sorted(best):
+        _, batch, seq = best[variant]
+        group = Group(variant, batch, seq)
+        found = rows[(variant, batch, seq)]
+        none = [s for s, (n, off, _) in found.items() if n == 0 and not off]
+        ckpt = sorted((n, s) for s, (n, off, _) in found.items() if n > 0 and not off)
+        offl = sorted((n, s) for s, (n, off, _) in found.items() if off)
+        for name in (none[:1] + [s for _, s in ckpt[:1]] + [s for _, s in offl[:1]]):
+            group.series.append(Series(name, found[name][2]))
+        groups.append(group)
+    return groups[:max_figures], max(0, len(groups) - max_figures)
+
+
+def _unit(top: float) -> tuple[float, str]:
+    return (GIB, "GiB") if top >= 2 * GIB else (MIB, "MiB")
+
+
+def _phase(label: str) -> str | None:
+    if label.startswith(("forward-layer-", "recompute-layer-")):
+        return None
+    if label == "forward":
+        return "forward"
+    if label.startswith("backward"):
+        return "backward"
+    return "optimizer"  # grad-clip and optimizer: the step after backward
+
+
+def _bands(ax, marks: list, end: int) -> None:
+    spans: list[list] = []
+    for event, label in marks:
+        phase = _phase(label)
+        if phase is None:
+            continue
+        if spans and spans[-1][2] == phase:
+            continue
+        if spans:
+            spans[-1][1] = event
+        spans.append([event, end, phase])
+    for lo, hi, phase in spans:
+        ax.axvspan(lo, max(hi, lo + 0.5), color=PHASE_COLORS[phase], alpha=0.10, lw=0, label=f"_{phase}")
+
+
+def _ticks(ax, marks: list) -> None:
+    for prefix, color, height in TICKS:
+        xs = [e for e, label in marks if label.startswith(prefix) and not label.endswith("-end")]
+        if xs:
+            ax.vlines(xs, 1 - height, 1, transform=ax.get_xaxis_transform(), color=color, lw=0.8)
+
+
+def _panel(ax, s: Series, scale: float, unit: str) -> None:
+    tl = s.measurement["timeline"]
+    events, values = tl["event"], tl["bytes"]
+    marks = tl.get("marks") or []
+    _bands(ax, marks, events[-1])
+    ax.plot(events, [v / scale for v in values], drawstyle="steps-post", lw=0.9, color="#222222", rasterized=True)
+    top = max(values)
+    peak_event = tl.get("peak_event", events[values.index(top)])
+    ax.plot([peak_event], [top / scale], "o", color="#c44e52", ms=4)
+    phase = s.measurement.get("peak_phase") or ""
+    ax.annotate(f"peak {top / scale:.3g} {unit}" + (f"\n{phase}" if phase else ""), (peak_event, top / scale),
+                xytext=(4, -4), textcoords="offset points", fontsize=7, va="top")
+    _ticks(ax, marks)
+    ax.set_title(s.strategy)
+    ax.set_xlabel("memory events")
+    ax.set_xlim(0, max(events[-1], 1))
+
+
+def _bars(ax, group: Group) -> None:
+    n = max(len(s.measurement.get("saved_bytes_per_layer") or ()) for s in group.series)
+    width = 0.8 / max(len(group.series), 1)
+    cmap = plt.get_cmap("tab10")
+    top = max([max(s.measurement.get("saved_bytes_per_layer") or [0]) for s in group.series]
+              + [s.measurement.get("saved_outside_layers_bytes") or 0 for s in group.series])
+    scale, unit = _unit(top) if top >= MIB else (2**10, "KiB")
+    for k, s in enumerate(group.series):
+        m = s.measurement
+        per = list(m.get("saved_bytes_per_layer") or [])
+        if not per:
+            continue
+        per += [0] * (n - len(per))
+        host = list(m.get("offloaded_bytes_per_layer") or [0] * n) + [0] * n
+        outside = m.get("saved_outside_layers_bytes") or 0
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(n + 1)]
+        device = [(v - h) / scale for v, h in zip(per, host)] + [outside / scale]
+        ax.bar(xs, device, width, color=cmap(k), label=s.strategy)
+        offloaded = [h / scale for h in host[:n]] + [0.0]
+        if any(offloaded):
+            ax.bar(xs, offloaded, width, bottom=device, color="none", edgecolor=cmap(k), hatch="///", lw=0.6,
+                   label=f"{s.strategy}: on host")
+    ax.set_xticks(range(n + 1), [str(i) for i in range(n)] + ["outside"])
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel(f"{unit} saved for backward")
+    ax.legend(fontsize=7, frameon=False)
+
+
+def draw(group: Group):
+    """The matplotlib figure of one group: a timeline panel per setting (same y axis) above the bars."""
+    tops = [max(s.measurement["timeline"]["bytes"]) for s in group.series]
+    scale, unit = _unit(max(tops))
+    k = len(group.series)
+    with plt.rc_context(STYLE):
+        fig = plt.figure(figsize=(max(4.2 * k, 6.0), 6.4))
+        grid = fig.add_gridspec(2, k, height_ratios=(3, 2))
+        first = None
+        for i, s in enumerate(group.series):
+            ax = fig.add_subplot(grid[0, i], sharey=first)
+            first = first or ax
+            _panel(ax, s, scale, unit)
+            if i == 0:
+                ax.set_ylabel(f"live {unit}")
+        for phase, color in PHASE_COLORS.items():
+            first.axvspan(0, 0, color=color, alpha=0.25, lw=0, label=phase)
+        first.set_ylim(bottom=0)
+        first.legend(loc="lower right", fontsize=7, frameon=False)
+        _bars(fig.add_subplot(grid[1, :]), group)
+        fig.suptitle(f"{group.variant} · batch {group.batch}, seq {group.seq}", fontsize=10)
+    return fig
+
+
+def caption(group: Group) -> str:
+    meter = group.series[0].measurement["timeline"].get("meter", "")
+    what = ("requested bytes in the CUDA caching allocator's history" if meter.startswith("cuda")
+            else "live tensor bytes counted by the CPU live-storage tracker")
+    return (f"{what} after every allocation and free of the memory step (at most 2,000 samples: past that "
+            "the lowest and highest of each bucket, so the maximum is the exact peak). Shaded: forward, "
+            "backward, optimizer. Ticks at the top: a decoder layer's forward begins (blue), backward reaches "
+            "it (orange), it is recomputed (red, tall). Bars: the bytes each decoder layer keeps for "
+            "backward after the forward (hatched: offloaded to host); outside: what no layer keeps (the "
+            "embedding's indices, the final norm's and the head's inputs, the loss's logits).")
+
+
+def timeline_figures(records: list[dict], t: pd.DataFrame) -> tuple[list[Figure], str]:
+    """The section's figures and a note on what was left out ("" when nothing was)."""
+    groups, left_out = choose(records, t)
+    out = []
+    for group in groups:
+        names = " vs ".join(s.strategy for s in group.series)
+        with plt.rc_context(STYLE):
+            uri = _encode(draw(group))
+        out.append(Figure(f"Memory timeline: {group.variant}, batch {group.batch}, seq {group.seq}", uri,
+                          f"live bytes over the memory step for {names}, and saved bytes per layer",
+                          caption(group)))
+    note = (f"{left_out} more model variant{'s' if left_out != 1 else ''} with a timeline not drawn "
+            f"(at most {MAX_FIGURES} figures)." if left_out else "")
+    return out, note
