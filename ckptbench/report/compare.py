@@ -7,6 +7,7 @@ after it (regressions, one-sided points, noisy points) are stable text that scri
 
 from __future__ import annotations
 
+from ..measure.interval import coverage_label
 from ..store.compare import QUANTITY_BY_KEY, Comparison, PointComparison, format_change
 
 
@@ -44,11 +45,16 @@ def _spread_note(point: PointComparison) -> str:
 
 
 def len_note(point: PointComparison) -> str:
+    """Both medians' intervals, each labelled with the coverage it really has."""
     d = next((d for d in point.deltas if d.old_ci), None)
-    if d is None:
+    if d is None or not d.new_ci:
         return "intervals unknown"
-    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms, "
-            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms" if d.new_ci else "intervals unknown")
+    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms ({_cover(d.old_ci_coverage)}), "
+            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms ({_cover(d.new_ci_coverage)})")
+
+
+def _cover(value) -> str:
+    return f"{coverage_label(value)} interval" if value is not None else "interval of unstated coverage"
 
 
 def _name(point) -> str:

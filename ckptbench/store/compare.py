@@ -20,7 +20,8 @@ Verdicts, and why the defaults are what they are:
   neighbour) should not decide; a rank test, because step times are not normal.  A change beyond the
   threshold that is not significant is *noisy* (run more steps, or ``--repeat``), never a regression: a
   run of 3 steps cannot prove anything about a 10% shift, and saying so is the honest answer.  Each
-  time delta carries its p-value and both medians' bootstrap 95% intervals (``--json``).  Records
+  time delta carries its p-value and both medians' order-statistic intervals with the coverage each
+  really has (95 % from 6 samples on, 75 % for 3) (``--json``).  Records
   without per-step times (older files, benchmark JSON without ``data``) are judged on the threshold
   alone and marked *untested*.
 - **Common shift**: with 4 or more points on both sides, the median of their step-time ratios is the
@@ -110,12 +111,14 @@ class Delta:
     change: float | None  # (new - old) / old; inf when old is 0 and new is not
     regressed: bool = False
     improved: bool = False
-    # time only: one-sided Mann-Whitney U p-value for the change's direction, the medians' bootstrap 95 %
-    # intervals, and the verdict: regression / improvement / no change / noisy (beyond the threshold but
-    # not significant) / untested (no per-step times: judged on the threshold alone)
+    # time only: one-sided Mann-Whitney U p-value for the change's direction, the medians' order-statistic
+    # intervals and their real coverage, and the verdict: regression / improvement / no change / noisy
+    # (beyond the threshold but not significant) / untested (no per-step times: judged on the threshold alone)
     p_value: float | None = None
     old_ci: list | None = None
     new_ci: list | None = None
+    old_ci_coverage: float | None = None
+    new_ci_coverage: float | None = None
     verdict: str = ""
     judged_change: float | None = None  # the change judged: relative to the runs' common shift (time only)
 
@@ -244,9 +247,10 @@ def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, sh
     taking out the runs' common shift (the new step times divided by 1 + shift).  The test itself runs
     later, with every other of the comparison (:func:`_judge_time`)."""
     old, new = o.values[q.key], n.values[q.key]
-    old_ci, new_ci = cis[id(o)], cis[id(n)]
+    (old_ci, old_cov), (new_ci, new_cov) = cis[id(o)], cis[id(n)]
     d = Delta(q.key, q.label, old, new, change, old_ci=list(old_ci) if old_ci else None,
-              new_ci=list(new_ci) if new_ci else None)
+              new_ci=list(new_ci) if new_ci else None, old_ci_coverage=old_cov if old_ci else None,
+              new_ci_coverage=new_cov if new_ci else None)
     factor = 1 + shift  # step time new/old that every point shares
     adjusted = new / factor if q.higher_is_worse else new * factor
     d.judged_change = (adjusted - old) / abs(old) if old else change
@@ -280,16 +284,17 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
                    kind: str = SWEEP) -> Comparison:
     """Match by key and judge each pair; keys on one side only are kept in ``only_old`` / ``only_new``.
 
-    Linear in the number of points: pairs are matched through dicts, and the bootstrap intervals and rank
-    tests of all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.stats.p_values`)."""
+    Linear in the number of points: pairs are matched through dicts, and the intervals and rank tests of
+    all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.stats.p_values`)."""
     # a point recorded as skipped (a sweep's deadline) was never measured: it counts as absent there
     old_by = {p.key: p for p in old if p.status != "skipped"}
     new_by = {p.key: p for p in new if p.status != "skipped"}
     pairs = [(o, new_by[k]) for k, o in old_by.items() if k in new_by]
     shift = common_shift(pairs) if thresholds.drift else None
     sides = [p for pair in pairs for p in pair if p.ci is None]
-    cis = dict(zip(map(id, sides), median_cis([list(p.samples) for p in sides])))
-    cis.update((id(p), p.ci) for pair in pairs for p in pair if p.ci is not None)
+    cis = {id(p): (ci, ci.coverage if ci else None)
+           for p, ci in zip(sides, median_cis([list(p.samples) for p in sides]))}
+    cis.update((id(p), (p.ci, p.ci_coverage)) for pair in pairs for p in pair if p.ci is not None)
     points, pending = [], []
     for o, n in pairs:
         pc = PointComparison(o.key, n.label or o.label, o.status, n.status,

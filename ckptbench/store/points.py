@@ -53,7 +53,8 @@ class Point:
     values: dict  # quantity key -> float | None
     spread: float | None = None  # relative spread of the step times (see module docstring)
     samples: tuple[float, ...] = ()  # every timed step's time (all repeats pooled): what significance is tested on
-    ci: tuple[float, float] | None = None  # the median's bootstrap interval over `samples`, when already drawn
+    ci: tuple[float, float] | None = None  # the median's order-statistic interval over `samples`, when drawn
+    ci_coverage: float | None = None  # the coverage that interval really has (75 % for [min, max] of 3)
 
 
 
@@ -99,8 +100,9 @@ def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
         # the loader drew the interval over these very samples (repeats.time_samples); not drawn twice
         ci = m.get("step_time_ci95_s")
         ci = tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None
+        coverage = _number(m.get("step_time_ci_coverage")) if ci else None
         points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, tuple(time_samples(m)),
-                            ci))
+                            ci, coverage))
     return points, problems
 
 

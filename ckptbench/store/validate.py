@@ -84,8 +84,8 @@ def _builds_a_case(case: dict) -> bool:
             continue
         if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
             return False
-    if (case.get("setup") or {}).get("lora"):  # a part inside a part: building the Case tells
-        return False
+    if (case.get("setup") or {}).get("lora") or (case.get("train") or {}).get("timing"):
+        return False  # a part inside a part: building the Case tells
     return True
 
 
