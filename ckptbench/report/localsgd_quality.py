@@ -4,8 +4,9 @@ Read from records of text-source runs (``measurement.eval_curve``); runs on rand
 learn and draw nothing here.  Points are grouped by everything but K, the averaging implementation and
 the seed; DDP (K = 0) of the same group is the baseline, and a K's gap is paired by seed (same initial
 weights, same data order), so the spread shown is the seeds' and not the baseline's noise added twice.
-The gap's interval is the bootstrap interval of the median paired gap (:mod:`ckptbench.store.stats`);
-with three seeds it spans about their range, which is what it should say.
+The gap's interval is the order-statistic interval of the median paired gap (:mod:`ckptbench.store.stats`),
+labelled with the coverage it has: with three seeds it is their range, which covers the median 75 % of the
+time, and says so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..measure.interval import coverage_label
 from ..store.stats import median_ci
 from .figures import STYLE, Figure, _colors, _encode
 
@@ -49,7 +51,8 @@ def _final(curve: list[dict]) -> float:
 
 def gap_rows(t: pd.DataFrame) -> list[dict]:
     """One row per (group, K): seeds, bytes per rank and saved against DDP, final held-out loss over seeds,
-    the paired gap against DDP (median, 95 % bootstrap interval), and how far DDP's loss fell."""
+    the paired gap against DDP (median, its interval and that interval's coverage), and how far DDP's
+    loss fell."""
     q = quality_points(t)
     rows = []
     for key, g in _groups(q):
@@ -75,6 +78,7 @@ def gap_rows(t: pd.DataFrame) -> list[dict]:
                 "gap": statistics.median(gaps) if gaps else float("nan"),
                 "gap_lo": ci[0] if ci else (min(gaps) if gaps else float("nan")),
                 "gap_hi": ci[1] if ci else (max(gaps) if gaps else float("nan")),
+                "gap_coverage": coverage_label(ci.coverage) if ci else "the seeds' range",
                 "gaps": gaps,
             })
     return rows
@@ -130,4 +134,11 @@ def gap_vs_saved(rows: list[dict]) -> Figure | None:
     return Figure("Communication saved vs held-out loss gap", uri,
                   "held-out loss gap against DDP for each K, against the factor of bytes saved",
                   "Gap: final held-out loss minus DDP's with the same seed; point: median over seeds; "
-                  "bar: 95 % bootstrap interval of that median (the seeds' range when there are few).")
+                  "bar: order-statistic interval of that median, covering it "
+                  f"{_coverage_range(pts)} (the seeds' range when there are fewer than 3).")
+
+
+def _coverage_range(rows: list[dict]) -> str:
+    """The coverages of the drawn bars, as one phrase."""
+    labels = sorted({r.get("gap_coverage", "?") for r in rows})
+    return labels[0] if len(labels) == 1 else "by the number of seeds: " + ", ".join(labels)

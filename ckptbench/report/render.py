@@ -17,7 +17,7 @@ import jinja2
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables
+from . import checks, figures, headline, localsgd_quality, network_section, plan_section, scatters, tables
 from .columns import has, record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
@@ -119,7 +119,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["finished"] = (min(finished), max(finished)) if len(finished) else None
     ok = t[t["ok"]]
 
-    d["headline"] = _guard(ctx, "headline", lambda: tables.headline(t, suite.budgets_gib), [])
+    d["headline"] = _guard(ctx, "headline", lambda: headline.headline(t, suite.budgets_gib), [])
+    d["load"] = _guard(ctx, "headline", lambda: headline.load_text(headline.load_note(t)), "")
     d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
     d["offload_notes"] = tables.offload_notes(t)
 

@@ -21,7 +21,7 @@ STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupp
 OPTIONAL = {"reason": str, "stderr_tail": str, "strategy": str, "suite": str, "verdict": str,
             "finished_at": str, "measurement": dict, "estimate": dict, "env": dict, "placement": dict,
             "meters": dict, "host_memory": dict, "plan_prediction": dict, "gates": (dict, list),
-            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real}
+            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real, "load": dict}
 # Sweep axes of the case, which every command does arithmetic or formatting on.
 CASE_INTS = ("batch_size", "seq_len", "every_n_layers", "local_sgd_steps", "grad_accum", "world_size")
 # Measured figures that are numbers (or None) and lists of numbers, where present.
