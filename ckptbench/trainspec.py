@@ -17,7 +17,7 @@ class Timing:
 
     precision: float = 0.02  # relative half-width of the median's 95 % interval (0.02: within ±2 %)
     max_steps: int = 50  # timed steps at most (never fewer than TrainSpec.steps)
-    max_time_s: float = 30.0  # seconds of timed steps after which no further step starts
+    max_time_s: float = 20.0  # seconds of timed steps after which no further step starts
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Timing:

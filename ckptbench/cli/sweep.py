@@ -303,7 +303,9 @@ def cmd_sweep(args) -> int:
     loaded = load_records(out)
     from rich.markup import escape
 
-    for problem in loaded.notes():
+    from ..store.load import warning as load_warning
+
+    for problem in loaded.notes() + [w for w in map(load_warning, result.records) if w]:
         console.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     from ..store.records import latest_per_case
 
@@ -314,6 +316,10 @@ def cmd_sweep(args) -> int:
         console.print(summary_table(single))
     if multi:
         console.print(comm_table(multi))
+    from ..report.headline import budgets_of, summary_lines
+
+    for line in summary_lines(loaded.records, budgets_of(suite.budgets_gib)):  # named only where intervals say so
+        console.print(escape(line), highlight=False, soft_wrap=True)
     console.print(f"records: {os.path.join(out, 'records.jsonl')}")
     if args.csv:
         from ..store.records import export_csv

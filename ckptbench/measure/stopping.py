@@ -35,10 +35,12 @@ class StopRule:
     check_every: int = 1
 
     @classmethod
-    def of(cls, train, device_type: str) -> StopRule:
-        """The rule of a Case's TrainSpec on a device."""
+    def of(cls, train, device_type: str, time_left_s: float | None = None) -> StopRule:
+        """The rule of a Case's TrainSpec on a device.  A worker with `time_left_s` before its timeout gives
+        its timed steps at most half of that, so that timing longer never turns a point into a timeout."""
         t = train.timing
-        return cls(train.steps, t.precision, max(t.max_steps, train.steps), t.max_time_s,
+        max_time = t.max_time_s if time_left_s is None else min(t.max_time_s, max(time_left_s, 0.0) / 2)
+        return cls(train.steps, t.precision, max(t.max_steps, train.steps), max_time,
                    CUDA_CHECK_EVERY if device_type == "cuda" else 1)
 
     def due(self, n: int) -> bool:

@@ -171,9 +171,26 @@ def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[di
     return rows
 
 
+def budgets_of(budgets_gib: tuple[float, ...]) -> list[tuple[str, float | None]]:
+    """No budget, then each of a suite's budgets (``[suite] budgets_gib``), as :func:`answers` takes them."""
+    return [("", None)] + [(f" within {b:g} GiB", b * GIB) for b in budgets_gib]
+
+
 def headline(t: pd.DataFrame, budgets_gib: tuple[float, ...]) -> list[dict]:
     """The report's headline rows: per sequence length, no budget and each of the suite's budgets."""
-    return answers(t, [("", None)] + [(f" within {b:g} GiB", b * GIB) for b in budgets_gib])
+    return answers(t, budgets_of(budgets_gib))
+
+
+def summary_lines(records: list[dict], budgets: list[tuple[str, float | None]]) -> list[str]:
+    """The fastest answers of the headline as plain lines (a sweep's console summary, plan --verify)."""
+    from .columns import record_frame, tidy
+
+    ok = [r for r in records if r.get("status") == "ok"]
+    if not ok:
+        return []
+    rows = answers(tidy(record_frame(ok)), budgets)
+    return [f"{r['question']}: {r['answer']} — {r['value']}" + (f"; {r['against']}" if r["against"] != "–" else "")
+            for r in rows if ": fastest" in r["question"]]
 
 
 def oversubscribed_rows(t: pd.DataFrame) -> dict:
@@ -225,11 +242,13 @@ def load_text(note: dict | None) -> str:
                 f"{note['cores']} cores).")
 
     def pct(value):
-        return "–" if value is None else f"{value:.1%}"
+        return "–" if value is None else f"{value * 100:.1f} %"
 
+    calm = (f"against {pct(note['width_calm'])} for the points run while it was not" if note["width_calm"] is not None
+            else "with no point run on the calm machine to set it against")
     text = (f"The machine was loaded (load average above its {note['cores']} cores, up to {note['max_load']:.2f}) "
             f"while {note['loaded']} of {note['points']} points ran: the median width of their step-time intervals "
-            f"was {pct(note['width_loaded'])} of the median, against {pct(note['width_calm'])} for the others.")
+            f"was {pct(note['width_loaded'])} of the median, {calm}.")
     if note["oversubscribed"]:
         text += (f" {len(note['oversubscribed'])} ran as many threads as their cores while loaded (OpenMP's threads "
                  "then wait at every barrier for a descheduled one) and are never named fastest: "

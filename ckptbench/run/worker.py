@@ -57,9 +57,10 @@ class StepSchedule:
     reports each here, so the steps mean the same whatever loop ran them.  ``total`` is the most there
     can be (a loop that must say so in advance, Trainer's ``max_steps``, stops early on :attr:`done`)."""
 
-    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None):
+    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None,
+                 time_left_s: float | None = None):
         t = case.train
-        self.rule = StopRule.of(t, device.type)
+        self.rule = StopRule.of(t, device.type, time_left_s)
         self.warmup, self.memory = t.warmup_steps, t.memory_steps
         self.total = self.warmup + self.memory + self.rule.max_steps
         self.fault = fault
@@ -148,8 +149,10 @@ class Unsupported(Exception):
     """The point cannot run on this machine at all (not a failure of the setting): recorded as such."""
 
 
-def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None) -> dict:
-    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement."""
+def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None,
+            timeout_s: float | None = None) -> dict:
+    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement.  With the
+    worker's `timeout_s`, the timed steps stop in time (:meth:`StopRule.of`)."""
     t_enter = time.time()
     torch.set_num_threads(case.train.threads)
     torch.manual_seed(case.train.seed)
@@ -187,7 +190,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         checkpointing_api = loop.checkpointing_api
         t_ready = time.time()
 
-        schedule = StepSchedule(case, device, layers, fault)
+        time_left = timeout_s - (time.time() - t_enter) if timeout_s else None
+        schedule = StepSchedule(case, device, layers, fault, time_left)
         loop.run(schedule)
         stats = schedule.finish()
         mem = schedule.mem
@@ -337,7 +341,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
-        result["measurement"] = measure(case, t_submit, fault)
+        result["measurement"] = measure(case, t_submit, fault, timeout_s)
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

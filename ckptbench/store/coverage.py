@@ -113,12 +113,15 @@ def table(sizes=(3, 4, 5, 6, 10, 20), reps: int = 20000, bootstrap_reps: int = 4
 
 def markdown(rows: list[dict], reps: int, bootstrap_reps: int) -> str:
     """The table as docs/timing.md shows it."""
-    pct = "{:.1%}".format
+    def pct(value: float) -> str:
+        return f"{value * 100:.1f} %"
+
     lines = ["| n | noise | order-statistic: stated | order-statistic: simulated | percentile bootstrap (states 95 %): simulated |",
              "|---:|---|---:|---:|---:|"]
     lines += [f"| {r['n']} | {r['noise']} | {pct(r['stated'])} | {pct(r['order_statistic'])} | {pct(r['bootstrap'])} |"
               for r in rows]
     lines.append(f"\n{reps:,} samples per cell for the order-statistic interval, {bootstrap_reps:,} for the bootstrap "
                  f"({RESAMPLES:,} resamples each); Monte Carlo error about ±{200 * math.sqrt(0.05 * 0.95 / reps):.1f} and "
-                 f"±{200 * math.sqrt(0.05 * 0.95 / bootstrap_reps):.1f} points (two standard errors at 95 %).")
+                 f"±{200 * math.sqrt(0.05 * 0.95 / bootstrap_reps):.1f} percentage points (two standard errors "
+                 "at 95 %).")
     return "\n".join(lines)

@@ -62,6 +62,9 @@ def test_on_cuda_the_times_are_read_every_few_steps_and_at_the_cap():
     train = TrainSpec(steps=3, timing=Timing(max_steps=13))
     assert StopRule.of(train, "cuda").check_every == CUDA_CHECK_EVERY and StopRule.of(train, "cpu").check_every == 1
     assert StopRule.of(TrainSpec(steps=80), "cpu").max_steps == 80  # the cap is never below `steps`
+    # a worker with 10 s left before its timeout gives its timed steps 5 s at most
+    assert StopRule.of(TrainSpec(), "cpu", time_left_s=10.0).max_time_s == 5.0
+    assert StopRule.of(TrainSpec(), "cpu", time_left_s=1000.0).max_time_s == Timing().max_time_s
 
 
 class FakeTimer:
