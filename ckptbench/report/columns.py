@@ -155,6 +155,8 @@ def record_frame(records: list[dict]) -> pd.DataFrame:
     columns: dict[str, list] = {}
     kinds = {dotted: kind for dotted, kind in COLUMNS.values()}
     for dotted in [*kinds, *FRAME_EXTRA]:
+        if dotted.startswith("env."):  # every env leaf is read below, in the order flattening gives
+            continue
         head, _, key = dotted.rpartition(".")
         values = [d.get(key) for d in parent(head)]
         if kinds.get(dotted) != "obj":

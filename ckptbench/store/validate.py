@@ -27,7 +27,8 @@ CASE_INTS = ("batch_size", "seq_len", "every_n_layers", "local_sgd_steps", "grad
 # Measured figures that are numbers (or None) and lists of numbers, where present.
 MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "step_time_cv", "tokens_per_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
-                    "hardware_flops_per_step", "ideal_recompute_ratio")
+                    "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
+                    "timing_window_s")
 MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 
 
