@@ -357,8 +357,9 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="start points whose estimated peak exceeds the memory available (recorded skipped otherwise)")
     p.add_argument("--repeat", type=argtypes.at_least_one, metavar="N",
-                   help="run each point N times in fresh workers, interleaved (A B C A B C ...); times are pooled "
-                        "with a bootstrap interval (default: the suite's repeats, else 1)")
+                   help="run each point N times in fresh workers, interleaved (A B C A B C ...); times are pooled, "
+                        "their interval over one median per repeat from 3 repeats (default: the suite's repeats, "
+                        "else 1)")
     p.add_argument("--csv", action="store_true", help="also write records.csv")
     p.add_argument("--report", metavar="HTML", help="render an HTML report when the sweep ends")
     p.add_argument("--plan", metavar="JSON",
