@@ -22,6 +22,7 @@ from .runsetup import (  # noqa: F401  (the kinds of run, re-exported: a Case's 
     Setup,
     precision_name,
 )
+from .trainspec import Timing, TrainSpec  # noqa: F401  (re-exported: a Case's [train] settings)
 
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
@@ -262,18 +263,6 @@ def analytic_sharded_point(model: ModelSpec, setup: Setup, device: str = "cpu") 
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    """Fixed training settings of a suite: identical for every point so points are comparable."""
-
-    lr: float = 1e-4
-    warmup_steps: int = 1
-    steps: int = 3
-    memory_steps: int = 1
-    seed: int = 0
-    threads: int = 1
-
-
-@dataclass(frozen=True)
 class DataSpec:
     """What the ranks train on, and how the held-out loss is taken.
 
@@ -321,6 +310,7 @@ class Case:
     def id(self) -> str:
         fields_ = asdict(self)
         fields_["setup"] = self.setup.id_fields()
+        fields_["train"] = self.train.id_fields()  # the timing only when not its default
         if self.setup == Setup():
             del fields_["setup"]  # pure-dtype points of the manual loop keep the ids they had before
         # the optimizer was a fixed TrainSpec field ("adamw") before it became a choice in the setup
@@ -377,7 +367,7 @@ class Case:
         known = _field_names(cls)
         values = {k: v for k, v in data.items() if k in known}
         values["model"] = ModelSpec(**data["model"])
-        values["train"] = TrainSpec(**{k: v for k, v in data["train"].items() if k in _field_names(TrainSpec)})
+        values["train"] = TrainSpec.from_dict(data["train"])
         values["data"] = DataSpec(**data["data"]) if data.get("data") else DataSpec()
         values["setup"] = Setup.from_dict(data["setup"]) if data.get("setup") else Setup()
         return cls(**values)

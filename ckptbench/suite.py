@@ -273,7 +273,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     model, attn_note, axes["precision"] = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"),
                                                  axes["precision"] or None)
     train_table = ck.table(data, "train")
-    train = train_spec(ck, train_table)
+    train = train_spec(ck, train_table, suite.get("timeout_s", 300.0))
     axes["seed"] = axes["seed"] or [train.seed]
     data_spec = _data(ck, ck.table(data, "data"), model)
     if data_spec.source != "random" and min(axes["world_size"]) == 1:

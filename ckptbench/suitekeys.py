@@ -30,7 +30,7 @@ MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "h
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int, "loop": str, "lora": dict,
-              "sharding": str}
+              "sharding": str, "time_precision": (int, float), "max_steps": int, "max_time_s": (int, float)}
 AXES = {"seed": int, "precision": str, "loop": str, "lora_r": int, "sharding": str, "optimizer": str,
         "batch_size": int, "seq_len": int, "every_n_layers": int,
         "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}

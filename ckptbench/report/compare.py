@@ -7,6 +7,7 @@ after it (regressions, one-sided points, noisy points) are stable text that scri
 
 from __future__ import annotations
 
+from ..measure.interval import coverage_label
 from ..store.compare import QUANTITY_BY_KEY, Comparison, PointComparison, format_change
 from ..store.machine_speed import MachineSpeed
 
@@ -44,17 +45,13 @@ def _spread_note(point: PointComparison) -> str:
     return f"old {pct(point.old_spread)}, new {pct(point.new_spread)}"
 
 
-def coverage_label(coverage: float | None) -> str:
-    """What an interval really covers: "75% interval" (the share of such intervals holding the median)."""
-    return "coverage unknown" if coverage is None else f"{coverage:.0%} interval"
-
-
 def len_note(point: PointComparison) -> str:
+    """Both medians' intervals, each labelled with the coverage it really has."""
     d = next((d for d in point.deltas if d.old_ci), None)
     if d is None or not d.new_ci:
         return "intervals unknown"
-    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms ({coverage_label(d.old_ci_coverage)}), "
-            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms ({coverage_label(d.new_ci_coverage)})")
+    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms ({_cover(d.old_ci_coverage)}), "
+            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms ({_cover(d.new_ci_coverage)})")
 
 
 def speed_line(speed: MachineSpeed) -> str:
@@ -71,6 +68,10 @@ def speed_line(speed: MachineSpeed) -> str:
     if speed.state == "not corrected":
         return f"machine speed: {measured}: beyond its noise, but --no-drift-correction: raw changes are judged"
     return f"machine speed: {measured}: within its noise, so raw changes are judged"
+
+
+def _cover(value) -> str:
+    return f"{coverage_label(value)} interval" if value is not None else "interval of unstated coverage"
 
 
 def _name(point) -> str:

@@ -22,6 +22,7 @@ from . import (
     checks,
     env_table,
     figures,
+    headline,
     localsgd_quality,
     loss_curves,
     network_section,
@@ -132,7 +133,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     finished = frame["finished_at"].dropna().astype(str) if "finished_at" in frame.columns else []
     d["finished"] = (min(finished), max(finished)) if len(finished) else None
 
-    d["headline"] = _guard(ctx, "headline", lambda: tables.headline(t, suite.budgets_gib), [])
+    d["headline"] = _guard(ctx, "headline", lambda: headline.headline(t, suite.budgets_gib), [])
+    d["load"] = _guard(ctx, "headline", lambda: headline.load_text(headline.load_note(t)), "")
     d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
     d["offload_notes"] = tables.offload_notes(t)
 

@@ -19,6 +19,7 @@ from ..errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
+from ..store.load import record_load
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
 from .fits import WORKER_BASELINE_BYTES, too_big
@@ -278,6 +279,8 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}
         if "cores_seen" in result:
             record["placement"]["cores_seen"] = result["cores_seen"]
+        if record["status"] == "ok":  # was the machine loaded, and did the point's threads fight for its cores
+            record["load"] = record_load(record)
         store.append(record)
         records.append(record)
         if on_record is not None:

@@ -39,9 +39,8 @@ Verdicts, and why the defaults are what they are:
   stays the same is a regression of every point.  ``--no-drift-correction`` judges raw changes always.
   The median change over all points is stated too, never divided out.
 - **Intervals**: each time delta carries its p-value, the test it came from, and both medians' intervals
-  (``--json``), each labelled with the coverage it really has: a record's own figure where it states one,
-  else found for the interval compare draws (a percentile bootstrap named 95% covers the median 75% of
-  the time over 3 samples).
+  (``--json``), order-statistic intervals each labelled with the coverage it really has (95% or more
+  from 6 samples on; over 3 samples the interval is their range, which holds the median 75% of the time).
 - **Status**: a point that was ``ok`` and now is not (oom, timeout, crash, ...) is a regression.
 - **One-sided points** (in OLD only or NEW only) are listed, never dropped, but do not by themselves fail
   the comparison: adding or retiring points is how suites evolve, and a removed point cannot hide a
@@ -87,7 +86,7 @@ from .points import (
     record_label,
 )
 from .records import RECORDS
-from .significance import median_ci_coverage, p_values, verdict
+from .significance import p_values, verdict
 from .stats import median_cis
 
 __all__ = ["BENCHMARK", "DEFAULT_MEMORY_THRESHOLD", "DEFAULT_TIME_THRESHOLD", "QUANTITIES", "QUANTITY_BY_KEY",
@@ -146,12 +145,6 @@ def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, speed: Machi
     return _time_delta(q, o, n, change, limit, speed, cis, pending)
 
 
-def _coverage(p: Point) -> float | None:
-    """The coverage the point's median interval really has: the record's word for it, else found for
-    the interval compare draws (:func:`~.significance.median_ci_coverage`)."""
-    return p.ci_coverage if p.ci_coverage is not None else median_ci_coverage(len(p.samples))
-
-
 def _test_name(o: Point, n: Point) -> str:
     if not o.samples or not n.samples:
         return ""
@@ -167,10 +160,11 @@ def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, sp
     new step times by the machine's measured speed change, when there is one beyond noise.  The test
     itself runs later, with every other of the comparison (:func:`_judge_time`)."""
     old, new = o.values[q.key], n.values[q.key]
-    old_ci, new_ci = cis[id(o)], cis[id(n)]
+    old_ci, old_cov = cis[id(o)]
+    new_ci, new_cov = cis[id(n)]
     d = Delta(q.key, q.label, old, new, change, test=_test_name(o, n),
               old_ci=list(old_ci) if old_ci else None, new_ci=list(new_ci) if new_ci else None,
-              old_ci_coverage=_coverage(o) if old_ci else None, new_ci_coverage=_coverage(n) if new_ci else None)
+              old_ci_coverage=old_cov if old_ci else None, new_ci_coverage=new_cov if new_ci else None)
     factor = speed.factor  # new/old time of the calibration kernel, when beyond its noise; else 1
     adjusted = new / factor if q.higher_is_worse else new * factor
     d.judged_change = (adjusted - old) / abs(old) if old else change
@@ -202,7 +196,7 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
     `speed`: the runs' calibration readings compared (:func:`~.machine_speed.machine_speed`); without
     it raw changes are judged.
 
-    Linear in the number of points: pairs are matched through dicts, and the bootstrap intervals and
+    Linear in the number of points: pairs are matched through dicts, and the order-statistic intervals and
     tests of all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.significance.p_values`)."""
     speed = speed or MachineSpeed("unknown", NO_READINGS)
     if speed.state == "corrected" and not thresholds.drift:
@@ -212,8 +206,9 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
     new_by = {p.key: p for p in new if p.status != "skipped"}
     pairs = [(o, new_by[k]) for k, o in old_by.items() if k in new_by]
     sides = [p for pair in pairs for p in pair if p.ci is None]
-    cis = dict(zip(map(id, sides), median_cis([list(p.samples) for p in sides])))
-    cis.update((id(p), p.ci) for pair in pairs for p in pair if p.ci is not None)
+    cis = {id(p): (ci, ci.coverage if ci else None)
+           for p, ci in zip(sides, median_cis([list(p.samples) for p in sides]))}
+    cis.update((id(p), (p.ci, p.ci_coverage)) for pair in pairs for p in pair if p.ci is not None)
     points, pending = [], []
     for o, n in pairs:
         pc = PointComparison(o.key, n.label or o.label, o.status, n.status,

@@ -53,7 +53,7 @@ class Point:
     values: dict  # quantity key -> float | None
     spread: float | None = None  # relative spread of the step times (see module docstring)
     samples: tuple[float, ...] = ()  # what significance is tested on: every timed step, or one median per repeat (`unit`)
-    ci: tuple[float, float] | None = None  # the median's bootstrap interval over `samples`, when already drawn
+    ci: tuple[float, float] | None = None  # the median's order-statistic interval over `samples`, when drawn
     ci_coverage: float | None = None  # how often that interval covers the median, when the record says
     unit: str = "steps"  # what one of `samples` is: steps, repeat medians, rounds (pytest-benchmark)
 

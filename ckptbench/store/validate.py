@@ -21,13 +21,14 @@ STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupp
 OPTIONAL = {"reason": str, "stderr_tail": str, "strategy": str, "suite": str, "verdict": str,
             "finished_at": str, "measurement": dict, "estimate": dict, "env": dict, "placement": dict,
             "meters": dict, "host_memory": dict, "plan_prediction": dict, "gates": (dict, list),
-            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real}
+            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real, "load": dict}
 # Sweep axes of the case, which every command does arithmetic or formatting on.
 CASE_INTS = ("batch_size", "seq_len", "every_n_layers", "local_sgd_steps", "grad_accum", "world_size")
 # Measured figures that are numbers (or None) and lists of numbers, where present.
 MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "step_time_cv", "tokens_per_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
-                    "hardware_flops_per_step", "ideal_recompute_ratio")
+                    "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
+                    "timing_window_s")
 MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 
 
@@ -84,8 +85,8 @@ def _builds_a_case(case: dict) -> bool:
             continue
         if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
             return False
-    if (case.get("setup") or {}).get("lora"):  # a part inside a part: building the Case tells
-        return False
+    if (case.get("setup") or {}).get("lora") or (case.get("train") or {}).get("timing"):
+        return False  # a part inside a part: building the Case tells
     return True
 
 

@@ -13,8 +13,9 @@
   ``forward_loss``), ``accelerator.clip_grad_norm_`` (the backward is over) and ``get_batch_samples``
   (the update step's batches, which the probe counts as it counts the manual loop's batch).
 
-Every loop runs ``warmup + memory + timed`` optimizer steps and reports each to a *schedule* (the worker's:
-``kind(k)``, ``begin(k)``, ``end(k, loss)``, and ``marks``, the memory step's probes, see
+Every loop runs the optimizer steps its *schedule* yields (``for k in schedule``: warm-up, memory, then
+timed steps until the schedule has timed enough) and reports each to it (the worker's: ``kind(k)``,
+``begin(k)``, ``end(k, loss)``, ``done``, and ``marks``, the memory step's probes, see
 :class:`ckptbench.run.memory_step.MemoryStepMarks`).  The loop decides nothing about measuring.
 """
 
@@ -62,7 +63,7 @@ class ManualLoop:
         self.amp = Amp.of(case)
 
     def run(self, schedule) -> None:
-        for k in range(schedule.total):
+        for k in schedule:
             schedule.begin(k)
             if schedule.kind(k) == "memory":
                 loss = memory_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp,
@@ -109,7 +110,7 @@ class AccelerateLoop:
         return loss.detach()
 
     def run(self, schedule) -> None:
-        for k in range(schedule.total):
+        for k in schedule:
             schedule.begin(k)
             marks = schedule.marks if schedule.kind(k) == "memory" else None
             if marks:
@@ -156,7 +157,8 @@ def training_arguments(case: Case, output_dir: str, max_steps: int):
 
 
 class TrainerLoop:
-    """``Trainer.train()`` for ``warmup + memory + timed`` steps, probed through a callback and hooks."""
+    """``Trainer.train()`` for the schedule's steps (``max_steps`` its most, stopped early once it is done),
+    probed through a callback and hooks."""
 
     name = "trainer"
 
@@ -193,6 +195,8 @@ class TrainerLoop:
 
             def on_step_end(self, args, state, control, **kw):
                 schedule.end(state.global_step - 1, sum(float(x) for x in losses) / case.grad_accum if losses else None)
+                if schedule.done:  # the timed steps reached their precision or a cap: Trainer stops here
+                    control.should_training_stop = True
 
         with tempfile.TemporaryDirectory(prefix="ckptbench-trainer-") as out:
             _, cls_and_kwargs = trainer_choice(case.setup, case.train.lr)

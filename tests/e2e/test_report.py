@@ -71,9 +71,10 @@ def test_figures_are_embedded_and_nothing_is_fetched(smoke):
 
 def test_headline_answers_the_suite_budgets(smoke):
     questions = [row[0] for row in smoke.page.tables["headline"]]
-    assert questions[:2] == ["Lowest peak memory", "Fastest (tokens/s)"]
+    (seq,) = {c.seq_len for c in smoke.suite.cases}  # one sequence length: one set of questions
+    assert questions[:2] == [f"seq {seq}: lowest peak memory", f"seq {seq}: fastest"]
     for budget in smoke.suite.budgets_gib:
-        assert f"Fastest within {budget:g} GiB" in questions
+        assert f"seq {seq}: fastest within {budget:g} GiB" in questions
 
 
 def test_estimate_checks_table(smoke):

@@ -26,6 +26,7 @@ RANKS = {
     "cards": -0.5,  # the GPUs plan knows by name, with the memory torch sees on them
     "preset_sizes": -0.5,  # each preset's parameter count, as transformers builds it
     "runsetup": -0.5,  # how a point is trained: precision, loop, adapters, sharding, optimizer
+    "trainspec": -0.5,  # the [train] settings every point shares, and how long its steps are timed
     "suitekeys": 0.75,  # the keys a suite file may hold, and the checker that names a wrong one
     "suitesetup": 0.8,  # the [train] table and the setup axes to Setups
     "suite": 1,  # TOML in, Cases out

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from ckptbench.report import columns, tables
+from ckptbench.report import columns, headline, tables
 from ckptbench.report.render import SECTIONS, build_context, render_report
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
@@ -105,11 +105,15 @@ def test_pareto_mask():
 
 def test_headline_budgets():
     t = columns.tidy(to_frame(ckpt_run()))
-    rows = {r["question"]: r for r in tables.headline(t, (0.1, 0.0001))}
-    assert rows["Lowest peak memory"]["value"] == "32.00 MiB"
-    assert rows["Fastest within 0.0001 GiB"]["answer"] == "no measured point fits"
-    # none at seq 128 (128 MiB) is over 0.1 GiB; every-2 at seq 128 (96 MiB) has the most tokens/s under it
-    assert rows["Fastest within 0.1 GiB"]["answer"].endswith("every-2 · batch 2 · seq 128")
+    rows = {r["question"]: r for r in headline.headline(t, (0.1, 0.0001))}
+    assert rows["seq 64: lowest peak memory"]["value"] == "32.00 MiB"
+    assert rows["seq 128: fastest within 0.0001 GiB"]["answer"] == "no measured point fits"
+    # none at seq 128 (128 MiB) is over 0.1 GiB; every-2 at seq 128 (96 MiB) has the most tokens/s under it,
+    # but these records carry no step times: no interval, so nothing is separated from anything
+    within = rows["seq 128: fastest within 0.1 GiB"]
+    assert within["answer"].startswith("tied within noise: every-2, ")
+    assert within["value"].startswith("best median") and "too few steps for an interval" in within["value"]
+    assert rows["seq 64: fastest"]["against"].startswith("none: is no checkpointing")
 
 
 def test_estimate_and_checks_sections(tmp_path):

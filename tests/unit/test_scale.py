@@ -14,6 +14,8 @@ import re
 import numpy as np
 import pytest
 
+from ckptbench.measure import interval
+from ckptbench.measure.interval import ranks
 from ckptbench.report import compare as compare_view
 from ckptbench.report.checks import csv_path
 from ckptbench.report.render import render_report
@@ -26,25 +28,20 @@ N = 5000
 # The old page listed every check of every record: 5,000 records × 16 checks came to some 35 MB.
 # Summaries, the failing checks and the figures fit in a small fraction of that.
 HTML_BOUND = 4 * 2**20
-TAIL = (1 - stats.CONFIDENCE) / 2
 
 
-def _old_median_ci(samples):
-    """The interval one sample at a time, as it was drawn before intervals were batched."""
+def _one_interval(samples, level=stats.CONFIDENCE):
+    """The interval of one sample alone, as the order statistics define it."""
     if len(samples) < 3:
         return None
-    rng = np.random.default_rng(stats.SEED)
-    medians = np.median(rng.choice(np.asarray(samples, float), size=(stats.RESAMPLES, len(samples))), axis=1)
-    return float(np.quantile(medians, TAIL)), float(np.quantile(medians, 1 - TAIL))
+    k, _ = ranks(len(samples), level)
+    ordered = sorted(samples)
+    return ordered[k - 1], ordered[len(samples) - k]
 
 
-def _old_ratio_ci(num, den):
-    if len(num) < 3 or len(den) < 3:
-        return None
-    rng = np.random.default_rng(stats.SEED)
-    a = np.median(rng.choice(np.asarray(num, float), size=(stats.RESAMPLES, len(num))), axis=1)
-    b = np.median(rng.choice(np.asarray(den, float), size=(stats.RESAMPLES, len(den))), axis=1)
-    return float(np.quantile(a / b, TAIL)), float(np.quantile(a / b, 1 - TAIL))
+def _one_ratio(num, den):
+    a, b = _one_interval(num, stats.CONFIDENCE ** 0.5), _one_interval(den, stats.CONFIDENCE ** 0.5)
+    return None if a is None or b is None else (a[0] / b[1], a[1] / b[0])
 
 
 def _samples(k: int, seed: int = 3) -> list[list[float]]:
@@ -55,9 +52,9 @@ def _samples(k: int, seed: int = 3) -> list[list[float]]:
 
 def test_batched_intervals_are_the_intervals_drawn_one_at_a_time():
     samples = _samples(200)
-    assert stats.median_cis(samples) == [_old_median_ci(s) for s in samples]
+    assert [ci and tuple(ci) for ci in stats.median_cis(samples)] == [_one_interval(s) for s in samples]
     pairs = list(zip(samples, reversed(samples)))
-    assert stats.ratio_cis(pairs) == [_old_ratio_ci(a, b) for a, b in pairs]
+    assert [ci and tuple(ci) for ci in stats.ratio_cis(pairs)] == [_one_ratio(a, b) for a, b in pairs]
 
 
 def test_batched_rank_tests_are_the_tests_run_one_at_a_time():
@@ -129,8 +126,8 @@ def test_a_large_run_renders_a_bounded_page_with_every_failing_check(big_run, tm
 
 def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
     calls = []
-    real = stats._medians
-    monkeypatch.setattr(stats, "_medians", lambda rows, idx: calls.append(len(rows)) or real(rows, idx))
+    real = interval.np.sort
+    monkeypatch.setattr(interval.np, "sort", lambda rows, axis: calls.append(len(rows)) or real(rows, axis=axis))
     loaded = load_records(big_run)
     assert sum(calls) == N  # every record's interval ...
     assert len(calls) <= 10  # ... in a handful of array operations, not one per record

@@ -23,14 +23,24 @@ def _record(case_id: str, times: list[float]) -> dict:
                             "peak_bytes": 1000}}
 
 
-def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time():
-    covered = sum(low <= 0.1 <= high for low, high in (median_ci(_times(30, 0.1, seed=k)) for k in range(200)))
-    assert 180 <= covered <= 200  # 95 % nominal; the percentile bootstrap runs a little under it at n = 30
+def test_the_median_interval_covers_the_true_median_at_least_95_percent_of_the_time():
+    intervals = [median_ci(_times(30, 0.1, seed=k)) for k in range(200)]
+    covered = sum(low <= 0.1 <= high for low, high in intervals)
+    assert 180 <= covered <= 200  # 95.7 % exactly at n = 30 (x(10) .. x(21))
+    assert all(ci.coverage == pytest.approx(0.9572260547429323) for ci in intervals)
 
 
 def test_a_constant_sample_has_a_point_interval_and_too_few_samples_none():
-    assert median_ci([0.1, 0.1, 0.1]) == (0.1, 0.1)
+    ci = median_ci([0.1, 0.1, 0.1])
+    assert tuple(ci) == (0.1, 0.1) and ci.coverage == 0.75  # [min, max] of 3: 75 %, and says so
     assert median_ci([0.1, 0.2]) is None
+
+
+def test_summary_states_the_interval_its_method_and_its_coverage():
+    s = summary([0.3, 0.1, 0.2, 0.5, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0])
+    assert s["step_time_ci95_s"] == [0.2, 0.9]  # x(2) .. x(9) of 10
+    assert s["step_time_ci_coverage"] == pytest.approx(1 - 2 * 11 / 1024)
+    assert (s["step_time_ci_method"], s["step_time_ci_n"], s["step_time_ci_ranks"]) == ("order-statistic", 10, [2, 9])
 
 
 def test_a_twenty_percent_slowdown_is_significant_and_no_change_is_not():
@@ -40,9 +50,11 @@ def test_a_twenty_percent_slowdown_is_significant_and_no_change_is_not():
     assert sum(p < 0.05 for p in same) <= 10  # about 5 false alarms in 100 at alpha 0.05
 
 
-def test_ratio_interval_contains_the_true_ratio():
-    low, high = ratio_ci(_times(30, 0.12, seed=3), _times(30, 0.1, seed=4))
+def test_ratio_interval_contains_the_true_ratio_and_states_its_coverage():
+    ci = ratio_ci(_times(30, 0.12, seed=3), _times(30, 0.1, seed=4))
+    low, high = ci
     assert low < 1.2 < high and low > 1.0
+    assert 0.95 <= ci.coverage < 1  # each median at √95 %: both cover, so the ratio does, at least this often
 
 
 def test_compare_calls_a_regression_only_when_beyond_threshold_and_significant():
