@@ -16,12 +16,9 @@ three parts).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
-
-from .stats import median_cis
 
 ALPHA = 0.05  # a change is significant when its one-sided p-value is below this
 VERDICTS = ("regression", "improvement", "no change", "noisy", "untested")
@@ -100,20 +97,11 @@ def p_values(rows: list[tuple[list, list, str]], shifts: list[float] | None = No
 
 # ------------------------------------------------------------------------------------ interval coverage
 
-COVERAGE_TRIALS = 1000  # samples drawn per size; the coverage is then known to about 1.5 points
-COVERAGE_SPREAD = 0.05  # log-normal step times: only the sizes matter for odd n, little for even n
-
-
-@functools.lru_cache(maxsize=256)
 def median_ci_coverage(n: int) -> float | None:
-    """How often :func:`~.stats.median_cis` (the interval compare draws, named 95 %) covers the true median
-    of samples of `n`: found by drawing it (seeded) around a known median, so it follows whatever method
-    draws the interval.  With 3 samples the percentile bootstrap's interval is their range, which covers
-    the median 75 % of the time (1 - 2/2^3), not 95 %."""
-    if n < 3:
-        return None
-    rng = np.random.default_rng(n)
-    trials = max(100, min(COVERAGE_TRIALS, 12_000 // n))  # a fifth of a second or so per size
-    samples = np.exp(rng.normal(0.0, COVERAGE_SPREAD, size=(trials, n)))  # the true median is 1
-    cis = median_cis([list(row) for row in samples])
-    return float(np.mean([ci is not None and ci[0] <= 1.0 <= ci[1] for ci in cis]))
+    """How often the interval compare draws for samples of `n` (:func:`~.stats.median_cis`, the
+    order-statistic interval) covers the true median: exact for continuous samples
+    (:func:`ckptbench.measure.interval.coverage`; ``tests/unit/test_timing_coverage.py`` draws it).  With
+    3 samples the interval is their range, which covers the median 75 % of the time (1 - 2/2^3)."""
+    from ..measure.interval import coverage
+
+    return coverage(n) if n >= 3 else None

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ckptbench.cli import main
+from ckptbench.measure.interval import coverage_label
 from ckptbench.report.compare import summary_lines
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store import error_rates as er
@@ -195,7 +196,7 @@ def test_intervals_are_labelled_with_the_coverage_they_really_have():
     d = step(compare_runs(old, new), "a")
     assert d.verdict == "noisy" and d.old_ci_coverage == pytest.approx(0.75, abs=0.04)
     line = next(x for x in summary_lines(compare_runs(old, new)) if x.startswith("noisy comparison"))
-    assert "% interval)" in line and f"({d.old_ci_coverage:.0%} interval)" in line
+    assert f"({coverage_label(d.old_ci_coverage)} interval)" in line
     for r in new:
         r["measurement"]["step_time_ci_coverage"] = 0.5  # the record says what its interval covers
     assert step(compare_runs(old, new), "a").new_ci_coverage == 0.5
