@@ -4,7 +4,8 @@ Appends are atomic in the sense that matters (:mod:`.jsonl`): each record is one
 line to a file opened with ``O_APPEND``, under an exclusive ``flock`` (so sweeps sharded over one output
 never interleave), followed by ``fsync``.  A sweep killed at any moment loses at most the point in
 flight; a torn last line (a crash mid-write on a filesystem that allows it) is detected on load,
-reported, and never parsed as data.
+reported, and never parsed as data.  A record's memory timeline is kept beside it, in
+``timelines.jsonl`` (:mod:`.timelines`), so that reading the records never parses it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from ..errors import StorageError
 from .jsonl import append_line
 from .repeats import merge_repeats, single_records
+from .timelines import store_timeline
 from .validate import record_problem
 
 SCHEMA_VERSION = 1
@@ -59,10 +61,12 @@ class RecordStore:
 
     def append(self, record: dict) -> None:
         """Append one line (:func:`~.jsonl.append_line`); on any failure (a full disk) the file is cut back
-        to the records before it.
+        to the records before it.  A timeline in the record's measurement goes first to a line of its own
+        in ``timelines.jsonl`` (:func:`~.timelines.store_timeline`; `record` is changed to what is written).
 
         Raises :class:`~ckptbench.errors.StorageError` naming the file and the reason.
         """
+        store_timeline(self.run_dir, record)
         append_line(self.path, {"schema": SCHEMA_VERSION, **record})
 
     def load(self) -> LoadedRecords:
