@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..store.timelines import Timelines, has_stored_timeline
+from ..store.timelines import TIMELINES, Timelines, has_stored_timeline
 from .figures import STYLE, Figure, _encode
 
 MAX_FIGURES = 4
@@ -236,6 +236,6 @@ def timeline_figures(records: list[dict], t: pd.DataFrame, run_dir: str | None =
         notes.append(timelines.note())
     unmatched = timelines.unmatched({r.get("case_id") for r in records})
     if unmatched:
-        notes.append(f"{unmatched} line{'s' if unmatched != 1 else ''} of {timelines.path} belong{'s' if unmatched == 1 else ''} "
+        notes.append(f"{unmatched} line{'s' if unmatched != 1 else ''} of {TIMELINES} belong{'s' if unmatched == 1 else ''} "
                      "to no point in the records (a point whose record was not written), ignored.")
     return out, " ".join(notes)

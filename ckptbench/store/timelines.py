@@ -35,7 +35,7 @@ MAX_SAMPLES = 2000  # ckptbench.measure.timeline.MAX_SAMPLES: a longer list was 
 MAX_MARKS = 1000
 MAX_LABEL = 200
 MAX_LINE = 1 << 20  # a timeline at its bounds is under 100 kB; a longer line is skipped unread
-LISTED = 5  # problems listed one by one; the rest are counted
+LISTED = 10  # problems listed one by one; the rest are counted
 _CASE_KEY = b'"case_id": "'
 
 
@@ -161,7 +161,7 @@ class Timelines:
         except FileNotFoundError:
             return self._index
         except OSError as exc:
-            self._problem(f"{self.path}: could not be read ({exc})")
+            self._problem(f"{TIMELINES}: could not be read ({exc})")
             return self._index
         with fh:
             offset, number = 0, 0
@@ -172,16 +172,16 @@ class Timelines:
                 if length > MAX_LINE:  # read on to the line's end, a chunk at a time, keeping none of it
                     while not line.endswith(b"\n") and (line := fh.readline(MAX_LINE)):
                         offset += len(line)
-                    self._problem(f"{self.path}:{number}: longer than {MAX_LINE:,} bytes, skipped unread")
+                    self._problem(f"{TIMELINES}:{number}: longer than {MAX_LINE:,} bytes, skipped unread")
                     continue
                 if not line.endswith(b"\n"):
-                    self._problem(f"{self.path}:{number}: truncated last line ({length} bytes) ignored")
+                    self._problem(f"{TIMELINES}:{number}: truncated last line ({length} bytes) ignored")
                     continue
                 at = line.find(_CASE_KEY)
                 end = line.find(b'"', at + len(_CASE_KEY)) if at >= 0 else -1
                 if end < 0:
                     if line.strip():
-                        self._problem(f"{self.path}:{number}: no case id found in the line, skipped")
+                        self._problem(f"{TIMELINES}:{number}: no case id found in the line, skipped")
                     continue
                 case_id = line[at + len(_CASE_KEY):end].decode("utf-8", "replace")
                 self._index.setdefault(case_id, []).append((number, start, length))
@@ -192,23 +192,31 @@ class Timelines:
         if case_id in self._lines:
             return self._lines[case_id]
         found: dict[int, tuple[dict, object]] = {}
+        self._lines[case_id] = found
         where = self.index().get(case_id, [])
-        if where:
+        if not where:
+            return found
+        try:
             with open(self.path, "rb") as fh:
                 for number, offset, length in where:
                     fh.seek(offset)
-                    try:
-                        line = _parse(fh.read(length))
-                    except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
-                        self._problem(f"{self.path}:{number}: unreadable line ({length} bytes) ignored")
-                        continue
-                    why = line_problem(line) or (None if line["case_id"] == case_id else "its case id is elsewhere")
-                    if why:
-                        self._problem(f"{self.path}:{number}: not a timeline ({why}) ignored")
-                        continue
-                    found[line["repeat"]] = (line["timeline"], line.get("attempt"))
-        self._lines[case_id] = found
+                    self._take(found, case_id, number, fh.read(length))
+        except OSError as exc:  # gone or unreadable since it was indexed
+            self._problem(f"{TIMELINES}: could not be read ({exc})")
         return found
+
+    def _take(self, found: dict, case_id: str, number: int, data: bytes) -> None:
+        """Parse and check one line of `case_id`; a valid one replaces its repeat's earlier line in `found`."""
+        try:
+            line = _parse(data)
+        except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+            self._problem(f"{TIMELINES}:{number}: unreadable line ({len(data)} bytes) ignored")
+            return
+        why = line_problem(line) or (None if line["case_id"] == case_id else "its case id is not where it was found")
+        if why:
+            self._problem(f"{TIMELINES}:{number}: not a timeline ({why}) ignored")
+            return
+        found[line["repeat"]] = (line["timeline"], line.get("attempt"))
 
     def get(self, record: dict) -> dict | None:
         """The timeline of `record`, or None (and, when it should have had one, a problem saying why)."""
@@ -230,10 +238,10 @@ class Timelines:
         repeat = record.get("repeat", 0)
         timeline, attempt = self._read_case(record["case_id"]).get(repeat, (None, None))
         if timeline is None:
-            self._problem(f"{point}: no valid line for repeat {repeat} in {self.path}")
+            self._problem(f"{point}: no valid line for repeat {repeat} in {TIMELINES}")
             return None
         if record.get("attempt") is not None and attempt is not None and attempt != record["attempt"]:
-            self._problem(f"{point}: {self.path} holds attempt {attempt}'s timeline, not attempt "
+            self._problem(f"{point}: {TIMELINES} holds attempt {attempt}'s timeline, not attempt "
                           f"{record['attempt']}'s, which is the record's")
             return None
         return timeline
