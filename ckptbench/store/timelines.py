@@ -35,6 +35,7 @@ MAX_SAMPLES = 2000  # ckptbench.measure.timeline.MAX_SAMPLES: a longer list was 
 MAX_MARKS = 1000
 MAX_LABEL = 200
 MAX_LINE = 1 << 20  # a timeline at its bounds is under 100 kB; a longer line is skipped unread
+CHUNK = 1 << 22  # bytes read at a time when indexing the file
 LISTED = 10  # problems listed one by one; the rest are counted
 _CASE_KEY = b'"case_id": "'
 
@@ -130,6 +131,46 @@ def _parse(data: bytes):
     return json.loads(data, parse_constant=_no_constant)
 
 
+def _scan(fh):
+    """(line number, offset, length, what, case id) of each line of `fh`, read a chunk at a time (a
+    run's timelines are hundreds of MB; no line is copied): `what` is ``line`` (ended by a newline),
+    ``blank``, ``torn`` (the last line, without its newline) or ``long`` (over :data:`MAX_LINE`: passed
+    over, never held whole); the case id is the text after the line's first ``"case_id": "``, or None."""
+    buf, base, pos, number, eof = b"", 0, 0, 0, False
+    while True:
+        nl = buf.find(b"\n", pos)
+        if nl < 0 and len(buf) - pos > MAX_LINE:  # too long: read on to its newline, keeping nothing
+            number += 1
+            start, length = base + pos, len(buf) - pos
+            while (chunk := fh.read(CHUNK)) and (nl := chunk.find(b"\n")) < 0:
+                length += len(chunk)
+            if not chunk:
+                yield number, start, length, "long", None
+                return
+            yield number, start, length + nl + 1, "long", None
+            buf, base, pos = chunk, start + length, nl + 1
+            continue
+        if nl < 0:
+            if eof:
+                if pos < len(buf):
+                    yield number + 1, base + pos, len(buf) - pos, "torn", None
+                return
+            chunk = fh.read(CHUNK)
+            eof = not chunk
+            buf, base, pos = buf[pos:] + chunk, base + pos, 0
+            continue
+        number += 1
+        length = nl + 1 - pos
+        if length > MAX_LINE:
+            yield number, base + pos, length, "long", None
+        else:
+            at = buf.find(_CASE_KEY, pos, nl)
+            end = buf.find(b'"', at + len(_CASE_KEY), nl) if at >= 0 else -1
+            case_id = buf[at + len(_CASE_KEY):end].decode("utf-8", "replace") if end >= 0 else None
+            yield number, base + pos, length, "line" if case_id or buf[pos:nl].strip() else "blank", case_id
+        pos = nl + 1
+
+
 def timelines_path(path: str) -> str:
     """The timelines file of a results directory, or of the directory holding a records file."""
     return os.path.join(path if os.path.isdir(path) else os.path.dirname(path) or ".", TIMELINES)
@@ -164,27 +205,15 @@ class Timelines:
             self._problem(f"{TIMELINES}: could not be read ({exc})")
             return self._index
         with fh:
-            offset, number = 0, 0
-            while line := fh.readline(MAX_LINE + 1):
-                number += 1
-                start, length = offset, len(line)
-                offset += length
-                if length > MAX_LINE:  # read on to the line's end, a chunk at a time, keeping none of it
-                    while not line.endswith(b"\n") and (line := fh.readline(MAX_LINE)):
-                        offset += len(line)
+            for number, start, length, what, case_id in _scan(fh):
+                if what == "long":
                     self._problem(f"{TIMELINES}:{number}: longer than {MAX_LINE:,} bytes, skipped unread")
-                    continue
-                if not line.endswith(b"\n"):
+                elif what == "torn":
                     self._problem(f"{TIMELINES}:{number}: truncated last line ({length} bytes) ignored")
-                    continue
-                at = line.find(_CASE_KEY)
-                end = line.find(b'"', at + len(_CASE_KEY)) if at >= 0 else -1
-                if end < 0:
-                    if line.strip():
-                        self._problem(f"{TIMELINES}:{number}: no case id found in the line, skipped")
-                    continue
-                case_id = line[at + len(_CASE_KEY):end].decode("utf-8", "replace")
-                self._index.setdefault(case_id, []).append((number, start, length))
+                elif case_id is not None:
+                    self._index.setdefault(case_id, []).append((number, start, length))
+                elif what != "blank":
+                    self._problem(f"{TIMELINES}:{number}: no case id found in the line, skipped")
         return self._index
 
     def _read_case(self, case_id: str) -> dict[int, tuple[dict, object]]:

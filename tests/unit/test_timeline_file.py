@@ -225,3 +225,44 @@ def test_a_record_is_not_changed_by_reading_its_timeline(tmp_path):
     kept = copy.deepcopy(record)
     Timelines(str(tmp_path)).get(record)
     assert record == kept and os.path.getsize(tmp_path / TIMELINES) > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_chunked_scan_finds_every_line_where_it_is(tmp_path, monkeypatch, seed):
+    """Small chunks and a small bound, so lines straddle chunks and long lines span several."""
+    import random
+
+    rng = random.Random(seed)
+    monkeypatch.setattr(tl_store, "CHUNK", rng.choice([7, 16, 64, 256]))
+    monkeypatch.setattr(tl_store, "MAX_LINE", 40)
+    lines = []
+    for i in range(rng.randint(0, 30)):
+        kind = rng.choice(["id", "id", "none", "blank", "long"])
+        if kind == "id":
+            lines.append(b'{"a": 1, "case_id": "c%d", "x": "%s"}\n' % (i, b"y" * rng.randint(0, 8)))
+        elif kind == "none":
+            lines.append(b"[%d]\n" % i)
+        elif kind == "blank":
+            lines.append(b"  \n")
+        else:
+            lines.append(b'{"case_id": "L%d", "pad": "%s"}\n' % (i, b"z" * rng.randint(30, 700)))
+    if rng.random() < 0.5:
+        lines.append(rng.choice([b'{"case_id": "torn', b"z" * 300]))  # a last line without its newline
+    data = b"".join(lines)
+    (tmp_path / TIMELINES).write_bytes(data)
+    with open(tmp_path / TIMELINES, "rb") as fh:
+        got = list(tl_store._scan(fh))
+    offset, expected = 0, []
+    for number, line in enumerate(lines, start=1):
+        if len(line) > 40:
+            what, case_id = "long", None
+        elif not line.endswith(b"\n"):
+            what, case_id = "torn", None
+        else:
+            what = "line" if line.strip() else "blank"
+            case_id = line.split(b'"case_id": "')[1].split(b'"')[0].decode() if b"case_id" in line else None
+        expected.append((number, offset, len(line), what, case_id))
+        offset += len(line)
+    assert got == expected
+    for number, start, length, _, _ in got:
+        assert data[start:start + length] == lines[number - 1]
