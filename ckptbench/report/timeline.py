@@ -155,6 +155,11 @@ def _panel(ax, s: Series, scale: float, unit: str) -> None:
 
 def _bars(ax, group: Group) -> None:
     n = max(len(s.measurement.get("saved_bytes_per_layer") or ()) for s in group.series)
+    if n == 0:  # records from before the per-layer counts
+        ax.text(0.5, 0.5, "no saved bytes per layer in these records", ha="center", va="center",
+                transform=ax.transAxes, fontsize=8, color="#666666")
+        ax.set_axis_off()
+        return
     width = 0.8 / max(len(group.series), 1)
     cmap = plt.get_cmap("tab10")
     top = max([max(s.measurement.get("saved_bytes_per_layer") or [0]) for s in group.series]
