@@ -133,7 +133,7 @@ def _parse(data: bytes):
 
 def _scan(fh):
     """(line number, offset, length, what, case id) of each line of `fh`, read a chunk at a time (a
-    run's timelines are hundreds of MB; no line is copied): `what` is ``line`` (ended by a newline),
+    run's timelines are hundreds of MB; no line is parsed or held on its own): `what` is ``line`` (ended by a newline),
     ``blank``, ``torn`` (the last line, without its newline) or ``long`` (over :data:`MAX_LINE`: passed
     over, never held whole); the case id is the text after the line's first ``"case_id": "``, or None."""
     buf, base, pos, number, eof = b"", 0, 0, 0, False
@@ -238,7 +238,7 @@ class Timelines:
         """Parse and check one line of `case_id`; a valid one replaces its repeat's earlier line in `found`."""
         try:
             line = _parse(data)
-        except (ValueError, UnicodeDecodeError):  # JSONDecodeError is a ValueError
+        except (ValueError, UnicodeDecodeError, RecursionError):  # JSONDecodeError is a ValueError; deep nesting
             self._problem(f"{TIMELINES}:{number}: unreadable line ({len(data)} bytes) ignored")
             return
         why = line_problem(line) or (None if line["case_id"] == case_id else "its case id is not where it was found")
@@ -265,6 +265,9 @@ class Timelines:
             self._problem(f"{point}: its timeline is stored in {TIMELINES}, which is not beside the records")
             return None
         repeat = record.get("repeat", 0)
+        if not _int(repeat):
+            self._problem(f"{point}: its repeat is not a whole number")
+            return None
         timeline, attempt = self._read_case(record["case_id"]).get(repeat, (None, None))
         if timeline is None:
             self._problem(f"{point}: no valid line for repeat {repeat} in {TIMELINES}")

@@ -128,6 +128,7 @@ def _write_hostile(folder) -> None:
               b'{"case_id": "wrong", "repeat": "0", "schema": 1, "timeline": {"event": [0], "bytes": [1]}}',
               b'{"case_id": "schema2", "repeat": 0, "schema": 2, "timeline": {"event": [0], "bytes": [1]}}',
               b'{"case_id": "notjson", ',
+              b'{"case_id": "deep", "timeline": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
               b'[1, 2, 3]', b'"just text"', b'\x00\xff\xfe binary',
               good.replace('"good"', '"unknown"').encode(),
               b'{"case_id": "long", "pad": "' + b"x" * (tl_store.MAX_LINE + 10) + b'"}']
@@ -137,14 +138,15 @@ def _write_hostile(folder) -> None:
 def test_a_hostile_file_gives_what_is_valid_and_names_the_rest(tmp_path):
     _write_hostile(tmp_path)
     t = Timelines(str(tmp_path))
-    ids = ["good", *[f"bad{i}" for i in range(len(BAD))], "nan", "inf", "wrong", "schema2", "notjson", "long",
+    ids = ["good", *[f"bad{i}" for i in range(len(BAD))], "nan", "inf", "wrong", "schema2", "notjson", "deep", "long",
            "torn", "absent"]
     got = {cid: t.get(stored(cid)) for cid in ids}
     assert got.pop("good") == timeline() and not any(got.values())
+    assert t.get({**stored("good"), "repeat": [0]}) is None  # a record of the wrong shape asks
     text = "\n".join(t.problems)
     assert "truncated last line" in text and "longer than" in text and "unreadable line" in text
     assert "no case id found" in text and "schema 2 != 1" in text and "no valid line for repeat 0" in text
-    assert t.unmatched({"good"}) == len(BAD) + 6  # the unknown point's line among them; torn, long: not indexed
+    assert t.unmatched({"good"}) == len(BAD) + 7  # the unknown point's line among them; torn, long: not indexed
     assert t.note().startswith(f"Timelines not used ({len(t.problems)}): ")
 
 
