@@ -50,6 +50,7 @@ def main() -> None:
     from ckptbench.report.timeline import choose, draw
     from ckptbench.run.sweep import SweepOptions, run_sweep
     from ckptbench.store.records import load_records
+    from ckptbench.store.timelines import Timelines
     from ckptbench.suite import parse_suite
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,12 +58,12 @@ def main() -> None:
         suite = parse_suite(SUITE, "timeline-figure.toml")
         run_sweep(suite, SweepOptions(out_dir=out))
         records = load_records(out).records
-        groups, _ = choose(records, tidy(record_frame(records)))
+        groups, _ = choose(records, tidy(record_frame(records)), timelines=Timelines(out))
         if not groups:
             raise SystemExit(f"no record in {out} has a timeline: see the sweep's logs there")
         fig = draw(groups[0])
         fig.savefig(args.png, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-        sizes = {s.strategy: len(s.measurement["timeline"]["bytes"]) for s in groups[0].series}
+        sizes = {s.strategy: len(s.timeline["bytes"]) for s in groups[0].series}
         print(f"{os.path.normpath(args.png)}: {', '.join(f'{k} {v} samples' for k, v in sizes.items())}")
 
 

@@ -154,7 +154,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
     d["timeline_figs"], d["timeline_note"] = _guard(ctx, "timeline", lambda: timeline.timeline_figures(
-        loaded.records, t), ([], ""))
+        loaded.records, t, run_dir), ([], ""))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
     d["comm_fig"] = _guard(ctx, "local SGD", lambda: figures.comm_vs_k(t))
     d["loss_fig"] = _guard(ctx, "local SGD", lambda: loss_curves.training_loss(t))
@@ -182,7 +182,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "pareto": bool(d["pareto_figs"]),
         "checks": bool(d["checks_total"]),
         "breakdown": d["breakdown_fig"] is not None,
-        "timeline": bool(d["timeline_figs"]),
+        "timeline": bool(d["timeline_figs"] or d["timeline_note"]),  # a note: timelines there, none readable
         "localsgd": bool(d["localsgd"] or d["comm_fig"] or d["loss_fig"] or d["quality"] or d["network"]),
         "plan": bool(d.get("plan")),
         "failures": bool(d["failures"]),

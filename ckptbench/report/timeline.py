@@ -1,11 +1,15 @@
 """The memory timeline section: live bytes over the memory step, side by side for none, checkpointing and
 offload at one point of each model variant, and the bytes each decoder layer keeps for backward.
 
-A record carries its timeline in ``measurement.timeline`` (``ckptbench.measure.timeline``: parallel lists
-``event`` and ``bytes``, marks as ``[event, label]``) and the per-layer saved bytes beside it; records
-from before either are simply not drawn, and the section is left out when no record has a timeline.
-Only a few figures are drawn (the largest batch × seq point of each variant, at most :data:`MAX_FIGURES`),
-so the report stays small whatever the sweep's size.
+A record's timeline (``ckptbench.measure.timeline``: parallel lists ``event`` and ``bytes``, marks as
+``[event, label]``) is kept in ``timelines.jsonl`` beside the records (``measurement.timeline_stored``),
+or, in runs written before that file, in ``measurement.timeline`` itself; the per-layer saved bytes are
+in the measurement.  :class:`~ckptbench.store.timelines.Timelines` reads only the lines of the points
+chosen here and checks each in full: a timeline that cannot be used is passed over (the next candidate
+of its role is tried) and named in the section's note.  Records from before timelines are not drawn,
+and the section is left out when no record has a timeline.  Only a few figures are drawn (the largest
+batch × seq point of each variant, at most :data:`MAX_FIGURES`), so the report stays small whatever the
+sweep's size.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..store.timelines import TIMELINES, Timelines, has_stored_timeline
 from .figures import STYLE, Figure, _encode
 
 MAX_FIGURES = 4
+MAX_FAILED = 50  # timelines that could not be read before the section stops looking (a hostile file)
 GIB, MIB = 2**30, 2**20
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
 TICKS = (("forward-layer-", "#4c72b0", 0.06), ("backward-layer-", "#dd8452", 0.06),
@@ -28,6 +34,7 @@ TICKS = (("forward-layer-", "#4c72b0", 0.06), ("backward-layer-", "#dd8452", 0.0
 class Series:
     strategy: str
     measurement: dict
+    timeline: dict
 
 
 @dataclass
@@ -38,38 +45,58 @@ class Group:
     series: list[Series] = field(default_factory=list)
 
 
-def has_timeline(record: dict) -> bool:
-    tl = (record.get("measurement") or {}).get("timeline")
-    return isinstance(tl, dict) and bool(tl.get("bytes")) and len(tl.get("bytes")) == len(tl.get("event") or ())
-
-
-def choose(records: list[dict], t: pd.DataFrame, max_figures: int = MAX_FIGURES) -> tuple[list[Group], int]:
+def choose(records: list[dict], t: pd.DataFrame, max_figures: int = MAX_FIGURES,
+           timelines: Timelines | None = None) -> tuple[list[Group], int]:
     """The groups to draw and how many variants were left out: per variant, the largest batch × seq
-    point with a timeline, and there none, the most checkpointed setting and an offloaded one."""
+    point with a timeline that reads, and there none, the most checkpointed setting and an offloaded
+    one.  Timelines are read from `timelines` (inline ones only, without it) as the groups are filled,
+    so only the few drawn, and those that failed to read, are ever parsed."""
+    timelines = timelines if timelines is not None else Timelines(None)
     rows: dict[tuple, dict[str, tuple]] = {}
     for record, row in zip(records, t.itertuples(index=False)):
-        if not row.ok or not has_timeline(record):
+        if not row.ok or not has_stored_timeline(record):
             continue
         key = (row.variant, int(row.batch), int(row.seq))
         every_n = 0 if row.every_n != row.every_n else int(row.every_n)
-        rows.setdefault(key, {}).setdefault(row.strategy, (every_n, bool(row.offload), record["measurement"]))
-    best: dict[str, tuple] = {}
+        rows.setdefault(key, {}).setdefault(row.strategy, (every_n, bool(row.offload), []))[2].append(record)
+    sizes: dict[str, list[tuple]] = {}
     for variant, batch, seq in rows:
-        size = (batch * seq, seq)
-        if variant not in best or size > best[variant][0]:
-            best[variant] = (size, batch, seq)
-    groups = []
-    for variant in sorted(best):
-        _, batch, seq = best[variant]
-        group = Group(variant, batch, seq)
-        found = rows[(variant, batch, seq)]
-        none = [s for s, (n, off, _) in found.items() if n == 0 and not off]
-        ckpt = sorted((n, s) for s, (n, off, _) in found.items() if n > 0 and not off)
-        offl = sorted((n, s) for s, (n, off, _) in found.items() if off)
-        for name in (none[:1] + [s for _, s in ckpt[:1]] + [s for _, s in offl[:1]]):
-            group.series.append(Series(name, found[name][2]))
-        groups.append(group)
-    return groups[:max_figures], max(0, len(groups) - max_figures)
+        sizes.setdefault(variant, []).append((batch * seq, seq, batch))
+    failed = [0]
+
+    def first_drawable(candidates: list[dict]) -> tuple[dict, dict] | None:
+        for record in candidates:
+            if failed[0] >= MAX_FAILED:
+                return None
+            tl = timelines.get(record)
+            if tl is not None:
+                return record, tl
+            failed[0] += 1
+        return None
+
+    groups: list[Group] = []
+    variants = sorted(sizes)
+    for done, variant in enumerate(variants):
+        if len(groups) >= max_figures:
+            return groups, len(variants) - done
+        for _, seq, batch in sorted(sizes[variant], reverse=True):
+            group = Group(variant, batch, seq)
+            found = rows[(variant, batch, seq)]
+            none = [s for s, (n, off, _) in found.items() if n == 0 and not off]
+            ckpt = [s for _, s in sorted((n, s) for s, (n, off, _) in found.items() if n > 0 and not off)]
+            offl = [s for _, s in sorted((n, s) for s, (n, off, _) in found.items() if off)]
+            for role in (none, ckpt, offl):
+                for strategy in role:
+                    hit = first_drawable(found[strategy][2])
+                    if hit is not None:
+                        group.series.append(Series(strategy, hit[0]["measurement"], hit[1]))
+                        break
+            if group.series:
+                groups.append(group)
+                break
+    if failed[0] >= MAX_FAILED:
+        timelines.problems.append(f"stopped looking after {MAX_FAILED} timelines that could not be used")
+    return groups, 0
 
 
 def _unit(top: float) -> tuple[float, str]:
@@ -109,7 +136,7 @@ def _ticks(ax, marks: list) -> None:
 
 
 def _panel(ax, s: Series, scale: float, unit: str) -> None:
-    tl = s.measurement["timeline"]
+    tl = s.timeline
     events, values = tl["event"], tl["bytes"]
     marks = tl.get("marks") or []
     _bands(ax, marks, events[-1])
@@ -128,6 +155,11 @@ def _panel(ax, s: Series, scale: float, unit: str) -> None:
 
 def _bars(ax, group: Group) -> None:
     n = max(len(s.measurement.get("saved_bytes_per_layer") or ()) for s in group.series)
+    if n == 0:  # records from before the per-layer counts
+        ax.text(0.5, 0.5, "no saved bytes per layer in these records", ha="center", va="center",
+                transform=ax.transAxes, fontsize=8, color="#666666")
+        ax.set_axis_off()
+        return
     width = 0.8 / max(len(group.series), 1)
     cmap = plt.get_cmap("tab10")
     top = max([max(s.measurement.get("saved_bytes_per_layer") or [0]) for s in group.series]
@@ -156,7 +188,7 @@ def _bars(ax, group: Group) -> None:
 
 def draw(group: Group):
     """The matplotlib figure of one group: a timeline panel per setting (same y axis) above the bars."""
-    tops = [max(s.measurement["timeline"]["bytes"]) for s in group.series]
+    tops = [max(s.timeline["bytes"]) for s in group.series]
     scale, unit = _unit(max(tops))
     k = len(group.series)
     with plt.rc_context(STYLE):
@@ -179,7 +211,7 @@ def draw(group: Group):
 
 
 def caption(group: Group) -> str:
-    meter = group.series[0].measurement["timeline"].get("meter", "")
+    meter = group.series[0].timeline.get("meter", "")
     what = ("requested bytes in the CUDA caching allocator's history" if meter.startswith("cuda")
             else "live tensor bytes counted by the CPU live-storage tracker")
     return (f"{what} after every allocation and free of the memory step (at most 2,000 samples: past that "
@@ -190,9 +222,11 @@ def caption(group: Group) -> str:
             "embedding's indices, the final norm's and the head's inputs, the loss's logits).")
 
 
-def timeline_figures(records: list[dict], t: pd.DataFrame) -> tuple[list[Figure], str]:
-    """The section's figures and a note on what was left out ("" when nothing was)."""
-    groups, left_out = choose(records, t)
+def timeline_figures(records: list[dict], t: pd.DataFrame, run_dir: str | None = None) -> tuple[list[Figure], str]:
+    """The section's figures and a note on what was left out or could not be read ("" when nothing was);
+    timelines stored beside the records are read from `run_dir`'s ``timelines.jsonl``."""
+    timelines = Timelines(run_dir)
+    groups, left_out = choose(records, t, timelines=timelines)
     out = []
     for group in groups:
         names = " vs ".join(s.strategy for s in group.series)
@@ -201,6 +235,12 @@ def timeline_figures(records: list[dict], t: pd.DataFrame) -> tuple[list[Figure]
         out.append(Figure(f"Memory timeline: {group.variant}, batch {group.batch}, seq {group.seq}", uri,
                           f"live bytes over the memory step for {names}, and saved bytes per layer",
                           caption(group)))
-    note = (f"{left_out} more model variant{'s' if left_out != 1 else ''} with a timeline not drawn "
-            f"(at most {MAX_FIGURES} figures)." if left_out else "")
-    return out, note
+    notes = [f"{left_out} more model variant{'s' if left_out != 1 else ''} with a timeline not drawn "
+             f"(at most {MAX_FIGURES} figures)."] if left_out else []
+    if timelines.problems:
+        notes.append(timelines.note())
+    unmatched = timelines.unmatched({r.get("case_id") for r in records})
+    if unmatched:
+        notes.append(f"{unmatched} line{'s' if unmatched != 1 else ''} of {TIMELINES} belong{'s' if unmatched == 1 else ''} "
+                     "to no point in the records (a point whose record was not written), ignored.")
+    return out, " ".join(notes)

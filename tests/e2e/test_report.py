@@ -15,6 +15,7 @@ from ckptbench.report.render import SECTIONS, render_report
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import RECORDS, load_records
+from ckptbench.store.timelines import TIMELINES, Timelines
 from ckptbench.suite import load_suite, parse_suite
 from ckptbench.theory.annotate import annotate_record
 
@@ -53,6 +54,23 @@ def test_all_sections_present(smoke):
     for key in SMOKE_SECTIONS:
         assert HEADINGS[key] in smoke.page.h2, key
     assert "could not be rendered" not in smoke.html
+
+
+def test_timelines_are_kept_beside_the_records_and_drawn_from_there(smoke):
+    ok = [r for r in smoke.records if r["status"] == "ok"]
+    lines = (smoke.dir / TIMELINES).read_bytes().splitlines()
+    assert len(ok) == 4 and len(lines) == len(ok)  # one line per ok point; the crashed point has none
+    for line in (smoke.dir / RECORDS).read_bytes().splitlines():
+        assert len(line) < 12 * 1024 and b'"timeline": {' not in line
+    timelines = Timelines(str(smoke.dir))
+    for r in ok:
+        m = r["measurement"]
+        tl = timelines.get(r)
+        assert m["timeline_stored"] == TIMELINES and m["timeline_samples"] == len(tl["bytes"])
+        assert max(tl["bytes"]) == m["peak_bytes"] and tl["bytes"][tl["event"].index(tl["peak_event"])] == m["peak_bytes"]
+    assert timelines.problems == []
+    section = smoke.html.split('<section id="timeline">', 1)[1].split("</section>", 1)[0]
+    assert section.count("<img ") == 1 and 'class="absent"' not in section
 
 
 def test_figures_are_embedded_and_nothing_is_fetched(smoke):

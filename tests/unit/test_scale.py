@@ -286,3 +286,23 @@ def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monk
         store_compare.compare_paths(str(tmp_path / "bad_old"), str(tmp_path / "bad_new"))
     with pytest.raises(UsageError, match="bad_new"):
         store_compare.compare_paths(old, str(tmp_path / "bad_new"))
+
+
+def test_a_run_with_timelines_beside_its_records_parses_only_those_it_draws(tmp_path, monkeypatch):
+    """Records stay small and are read without their timelines; the report parses a line per series drawn."""
+    from ckptbench.store import timelines as tl_store
+
+    run = write_run(str(tmp_path / "run"), 600, timelines=True)
+    with open(os.path.join(run, "records.jsonl"), "rb") as fh:
+        assert max(len(line) for line in fh) < 12 * 1024
+    assert os.path.getsize(os.path.join(run, tl_store.TIMELINES)) > 500 * 20_000
+    parsed = []
+    real = tl_store._parse
+    monkeypatch.setattr(tl_store, "_parse", lambda data: parsed.append(len(data)) or real(data))
+    loaded = load_records(run)
+    assert parsed == [] and not loaded.problems
+    html = open(render_report(run, str(tmp_path / "r.html"), loaded=loaded), encoding="utf-8").read()
+    section = html.split('<section id="timeline">', 1)[1].split("</section>", 1)[0]
+    drawn = re.findall(r"live bytes over the memory step for ([^,]*), and saved bytes", section)
+    assert drawn and 'class="absent"' not in section
+    assert len(parsed) == sum(len(d.split(" vs ")) for d in drawn) <= 12

@@ -4,6 +4,7 @@ and the layers' saved bytes add up to the record's saved_bytes (the rest saved o
 
 from __future__ import annotations
 
+import copy
 import random
 from array import array
 from contextlib import nullcontext
@@ -15,6 +16,8 @@ from ckptbench.measure import timeline as tl_mod
 from ckptbench.measure.timeline import CudaHistory, Timeline, downsample, replay
 from ckptbench.run.worker import _memory_step
 from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.store.records import RecordStore, load_records
+from ckptbench.store.timelines import Timelines
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning
 from ckptbench.train.models import build_model, synthetic_batch
 from ckptbench.train.step import train_step
@@ -92,6 +95,20 @@ def test_the_timelines_maximum_is_the_exact_peak_and_its_marks_are_the_steps(ste
         # event e names what follows sample e)
         before = [label for e, label in tl["marks"] if e < tl["peak_event"] and label in phases]
         assert before[-1] == m["peak_phase"], name
+
+
+def test_the_stored_timeline_is_the_measured_one_and_still_peaks_at_the_records_peak(steps, tmp_path):
+    """What the report draws is read back from timelines.jsonl: the same timeline, to the byte."""
+    store = RecordStore(str(tmp_path))
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=B, seq_len=S).to_dict()
+    for k, m in enumerate(steps.values()):
+        store.append({"case_id": f"p{k}", "status": "ok", "case": case, "measurement": copy.deepcopy(m)})
+    timelines = Timelines(str(tmp_path))
+    for record, m in zip(load_records(str(tmp_path)).records, steps.values()):
+        assert "timeline" not in record["measurement"]
+        tl = timelines.get(record)
+        assert tl == m["timeline"] and max(tl["bytes"]) == record["measurement"]["peak_bytes"]
+    assert timelines.problems == []
 
 
 def test_a_downsampled_timeline_still_peaks_at_the_exact_peak(steps, monkeypatch):
