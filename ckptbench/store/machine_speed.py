@@ -13,7 +13,6 @@ kernel's time then measures the library as well as the machine.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import StorageError
+from .jsonl import append_line
 from .significance import ALPHA, log_moments, upper_p, welch
 
 READINGS = "calibration.jsonl"
@@ -35,16 +34,9 @@ def readings_path(path: str) -> str:
 
 
 def append_reading(run_dir: str, reading: dict) -> None:
-    """One line, appended under an exclusive lock (shards share a directory); StorageError on failure."""
-    path = os.path.join(run_dir, READINGS)
-    try:
-        with open(path, "ab") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.write((json.dumps(reading, sort_keys=True) + "\n").encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise StorageError(path, exc) from exc
+    """One line, appended as records are (:func:`~.jsonl.append_line`: under an exclusive lock, since shards
+    share a directory; a torn tail repaired first, a failed write cut back); StorageError on failure."""
+    append_line(os.path.join(run_dir, READINGS), reading)
 
 
 def load_readings(path: str) -> list[dict]:
