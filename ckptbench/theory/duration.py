@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..spec import Case, ModelSpec, checkpointed_layers
+from ..spec import Case, ModelSpec
 from .flops import hardware_flops_per_token
 from .params import param_count
 
@@ -42,8 +42,8 @@ def rate_key(case: Case) -> tuple[str, str, int]:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _flops_per_token(spec: ModelSpec, seq: int, every_n_layers: int) -> float:
-    return hardware_flops_per_token(spec, seq, len(checkpointed_layers(spec.layers, every_n_layers)))
+def _flops_per_token(spec: ModelSpec, seq: int, checkpointed: int) -> float:
+    return hardware_flops_per_token(spec, seq, checkpointed)
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -59,7 +59,9 @@ def point_seconds(case: Case, rates: Rates) -> float | None:
     train = case.train
     steps = train.warmup_steps + train.memory_steps + train.steps
     tokens = case.batch_size * case.seq_len * case.grad_accum
-    compute = steps * _flops_per_token(case.model, case.seq_len, case.every_n_layers) * tokens / (EFFICIENCY * rate)
+    n = case.every_n_layers  # how many layers are checkpointed, counted without listing them (a million points)
+    checkpointed = len(case.recompute.layers) or (len(range(0, case.model.layers, n)) if n > 0 else 0)
+    compute = steps * _flops_per_token(case.model, case.seq_len, checkpointed) * tokens / (EFFICIENCY * rate)
     build = _params(case.model) / rates.init_elements_per_s if rates.init_elements_per_s else 0.0
     return (GROUP_POINT_S if case.world_size > 1 else POINT_S) + build + compute
 
