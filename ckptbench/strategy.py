@@ -63,8 +63,17 @@ def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
 
 
 def layer_set_name(layers) -> str:
-    """``layers-0,1,2,5``."""
-    return "layers-" + ",".join(str(i) for i in layers)
+    """``layers-0,1,2,5``; a run of four or more consecutive layers is written ``first…last``
+    (``layers-0…20``), so a deep model's set stays a name."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in [*layers, None]:
+        if run and (i is None or i != run[-1] + 1):
+            parts += [f"{run[0]}…{run[-1]}"] if len(run) >= 4 else [str(j) for j in run]
+            run = []
+        if i is not None:
+            run.append(i)
+    return "layers-" + ",".join(parts)
 
 
 def checkpointing_name(every_n_layers: int, offload: bool, recompute: Recompute | None = None) -> str:
