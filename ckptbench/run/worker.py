@@ -172,7 +172,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
             raise Unsupported(f"transformers could not build a causal LM of model_type {case.model.family!r}: "
                               f"{type(exc).__name__}: {exc}"[:500]) from None
         layers = decoder_layers(model)
-        if case.every_n_layers > 0 and not layers:
+        if case.checkpointed_layers and not layers:
             raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
                               "cannot checkpoint it layer by layer")
         refusal = setup_refusal(case)

@@ -13,7 +13,7 @@ import math
 from dataclasses import MISSING, fields
 from numbers import Real
 
-from ..spec import Case, DataSpec, ModelSpec, Setup, TrainSpec
+from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 
@@ -56,8 +56,8 @@ def _case_shape() -> tuple | None:
 
     hints = {f.name: f.type for f in fields(Case)}
     parts = []
-    for key, optional in (("model", False), ("train", False), ("data", True), ("setup", True)):
-        cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup}[key]
+    for key, optional in (("model", False), ("train", False), ("data", True), ("setup", True), ("recompute", True)):
+        cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup, "recompute": Recompute}[key]
         if hasattr(cls, "__post_init__") or cls.__name__ not in str(hints[key]):
             return None
         known, required = names(cls)
@@ -102,6 +102,11 @@ def _case_problem(case) -> str | None:
             return f"case.{key} is {case[key]!r}, not an integer"
     if "device" in case and not isinstance(case["device"], str):
         return f"case.device is {case['device']!r}, not a string"
+    recompute = case.get("recompute") or {}
+    if not isinstance(recompute.get("layers", []), list) or not all(_int(i) for i in recompute.get("layers", [])):
+        return f"case.recompute.layers is {recompute.get('layers')!r}, not a list of layer indices"
+    if not isinstance(recompute.get("sac", ""), str):
+        return f"case.recompute.sac is {recompute['sac']!r}, not a string"
     return None
 
 

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 
 from ..measure.interval import fewest
-from ..spec import Case, ModelSpec, checkpointed_layers
+from ..spec import Case, ModelSpec
 from .flops import hardware_flops_per_token
 from .params import param_count
 
@@ -43,8 +43,8 @@ def rate_key(case: Case) -> tuple[str, str, int]:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _flops_per_token(spec: ModelSpec, seq: int, every_n_layers: int) -> float:
-    return hardware_flops_per_token(spec, seq, len(checkpointed_layers(spec.layers, every_n_layers)))
+def _flops_per_token(spec: ModelSpec, seq: int, checkpointed: int, sac: str) -> float:
+    return hardware_flops_per_token(spec, seq, checkpointed, sac=sac)
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -59,7 +59,9 @@ def point_seconds(case: Case, rates: Rates) -> float | None:
         return None
     steps = case.train.warmup_steps + case.train.memory_steps + timed_steps(case)
     tokens = case.batch_size * case.seq_len * case.grad_accum
-    compute = steps * _flops_per_token(case.model, case.seq_len, case.every_n_layers) * tokens / (EFFICIENCY * rate)
+    n = case.every_n_layers  # how many layers are checkpointed, counted without listing them (a million points)
+    checkpointed = len(case.recompute.layers) or (len(range(0, case.model.layers, n)) if n > 0 else 0)
+    compute = steps * _flops_per_token(case.model, case.seq_len, checkpointed, case.recompute.sac) * tokens / (EFFICIENCY * rate)
     build = _params(case.model) / rates.init_elements_per_s if rates.init_elements_per_s else 0.0
     return (GROUP_POINT_S if case.world_size > 1 else POINT_S) + build + compute
 
