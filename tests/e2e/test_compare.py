@@ -35,6 +35,7 @@ preset = "llama-tiny"
 warmup_steps = 1
 memory_steps = 1
 steps = 5
+max_steps = 5  # exactly 5 timed steps a side: the test below names them
 threads = 1
 
 [sweep]

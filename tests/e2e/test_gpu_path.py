@@ -30,6 +30,7 @@ preset = "llama-tiny"
 warmup_steps = 1
 memory_steps = 1
 steps = 2
+max_steps = 2
 [sweep]
 batch_size = [1]
 seq_len = [16]
