@@ -85,6 +85,7 @@ def cmd_compare(args) -> int:
 
     comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time,
                                                               drift=not args.no_drift_correction))
+    gc.freeze()  # the comparison lives until the command ends: drawing it need not walk it again
     if not comparison.points:  # nothing was judged: a pass would be a lie, a table an empty one
         raise UsageError(f"{args.old} and {args.new} have no point in common ({len(comparison.only_old)} only in old, "
                          f"{len(comparison.only_new)} only in new): nothing was compared; Case ids hash every "

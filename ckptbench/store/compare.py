@@ -85,7 +85,7 @@ from .points import (
     points_from_records,
     record_label,
 )
-from .records import RECORDS
+from .records import RECORDS, no_cycle_collection
 from .significance import p_values, verdict
 from .stats import median_cis
 
@@ -277,7 +277,8 @@ def compare_paths(old_path: str, new_path: str, thresholds: Thresholds = Thresho
         raise UsageError(f"cannot compare a {old.kind} input ({old_path}) with a {new.kind} input ({new_path})")
     speed = (machine_speed(load_readings(old_path), load_readings(new_path), thresholds.drift) if old.kind == SWEEP
              else MachineSpeed("unknown", "pytest-benchmark files carry no calibration reading"))
-    comparison = compare_points(old.points, new.points, thresholds, old.kind, speed)
+    with no_cycle_collection():  # tens of thousands of points and deltas, none of them in a cycle
+        comparison = compare_points(old.points, new.points, thresholds, old.kind, speed)
     comparison.problems += [f"old: {p}" for p in old.problems] + [f"new: {p}" for p in new.problems]
     comparison.env_changes = env_changes(old.env, new.env)
     return comparison

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..measure.timing import nearest_rank
-from .records import RECORDS, distinct_runs, latest_per_case, load_records
+from .records import RECORDS, latest_lines, load_records, merged_cases, no_cycle_collection
 from .repeats import time_samples
 
 SWEEP, BENCHMARK = "sweep", "pytest-benchmark"
@@ -95,11 +95,11 @@ def record_label(record: dict) -> str:
 
 def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
     """Sweep records to Points; a Case id recorded twice (a rerun into the same directory) keeps the last."""
-    latest = latest_per_case(records)
+    lines = latest_lines(records)  # one pass: the duplicates are counted from what it kept
     problems = []
-    runs = distinct_runs(records)
-    if runs < len(records):
-        problems.append(f"{len(records) - runs} duplicate record(s) of the same Case; the last one is used")
+    if len(lines) < len(records):
+        problems.append(f"{len(records) - len(lines)} duplicate record(s) of the same Case; the last one is used")
+    latest = merged_cases(lines)
     points = []
     for r in latest:
         case_id = r["case_id"]
@@ -203,5 +203,6 @@ def _load_sweep(path: str) -> Side:
     if not loaded.records:
         detail = f" ({loaded.problems[0]})" if loaded.problems else ""
         raise UsageError(f"{records_path}: no readable records{detail}")
-    points, problems = points_from_records(loaded.records)
+    with no_cycle_collection():
+        points, problems = points_from_records(loaded.records)
     return Side(path, SWEEP, points, loaded.notes() + problems, first_env(loaded.records))

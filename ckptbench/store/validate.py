@@ -122,21 +122,39 @@ def _rule(key: str) -> int:
     return rule
 
 
+_PLANS: dict[tuple, tuple[tuple[str, int], ...]] = {}  # a measurement's keys, in order -> the keys with a rule
+
+
+def _plan(keys: tuple) -> tuple[tuple[str, int], ...]:
+    plan = _PLANS.get(keys)
+    if plan is None:
+        if len(_PLANS) > 4096:  # hostile files with ever-new key sets: keep the cache bounded
+            _PLANS.clear()
+        plan = _PLANS[keys] = tuple((key, rule) for key in keys if (rule := _rule(key)))
+    return plan
+
+
+def _finite_numbers(values) -> bool:
+    """Whether every element is a finite number: a list of floats whose sum is finite is (the common case,
+    decided in C); anything else is looked at element by element."""
+    if type(values) is list and set(map(type, values)) <= {float} and math.isfinite(sum(values)):
+        return True
+    return all(_number(t) and not math.isinf(t) for t in values)
+
+
 def _measurement_problem(m: dict) -> str | None:
-    for key, value in m.items():
+    # the records of one run share their measurement's keys: the keys that have a rule are found once
+    for key, rule in _plan(tuple(m)):
+        value = m[key]
         if value is None:
-            continue
-        rule = _RULES.get(key)
-        if rule is None:
-            rule = _rule(key)
-        if not rule:
             continue
         if rule & _NUMBER and not _number(value):
             return f"measurement.{key} is {type(value).__name__}, not a number"
         if rule & _LIST and not isinstance(value, list):
             return f"measurement.{key} is {type(value).__name__}, not a list"
     for key in ("step_times_s", "repeat_medians_s"):
-        if any(not _number(t) or math.isinf(t) for t in m.get(key) or ()):
+        values = m.get(key)
+        if values and not _finite_numbers(values):
             return f"measurement.{key} holds something other than finite numbers"
     return None
 

@@ -156,3 +156,12 @@ def test_the_sweep_axes_must_be_numbers(tmp_path):
     loaded = load_records(str(tmp_path))
     assert loaded.records[0]["case"]["seq_len"] == 16
     assert "case.seq_len is '16', not an integer" in loaded.problems[0]
+
+
+def test_step_time_lists_are_finite_numbers_whatever_path_decides():
+    from ckptbench.store.validate import _finite_numbers
+
+    assert _finite_numbers([0.1, 0.2, 0.3]) and _finite_numbers([1, 0.5])  # floats, or ints among them
+    assert _finite_numbers([1e308, 1e308])  # finite values whose sum overflows: looked at one by one
+    for bad in ([0.1, float("nan")], [float("inf")], [0.1, "0.2"], [0.1, None], [True, 0.1], [0.1, [0.2]]):
+        assert not _finite_numbers(bad), bad
