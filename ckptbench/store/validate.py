@@ -139,7 +139,7 @@ def _finite_numbers(values) -> bool:
     decided in C); anything else is looked at element by element."""
     if type(values) is list and set(map(type, values)) <= {float} and math.isfinite(sum(values)):
         return True
-    return all(_number(t) and not math.isinf(t) for t in values)
+    return all(_number(t) and math.isfinite(t) for t in values)
 
 
 def _measurement_problem(m: dict) -> str | None:
