@@ -112,7 +112,17 @@ def compare_help() -> str:
     spec = importlib.util.find_spec("ckptbench.store.compare")
     with open(spec.origin, encoding="utf-8") as fh:
         doc = ast.get_docstring(ast.parse(fh.read()), clean=False) or ""
-    return doc.split("\n\nFor other code")[0]
+    return plain_text(doc.split("\n\nFor other code")[0])
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as a terminal shows it: ``code``, *emphasis*, **strong** and :role:`~.name` markup
+    reduced to the words themselves."""
+    import re
+
+    doc = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"\1", doc)
+    doc = re.sub(r"``([^`]+)``", r"\1", doc)
+    return re.sub(r"\*{1,2}([^*\s][^*]*?)\*{1,2}", r"\1", doc)
 
 
 def add_parsers(sub) -> None:
