@@ -10,9 +10,10 @@
 # without it the simulation runs here if time is left), ALLOW_CPU=1 (run on a machine without CUDA: only
 # to test this script itself with a CPU suite).
 #
-# OUTDIR receives at most 8 files, none deeper than OUTDIR/run/: run/records.jsonl, run/suite.toml,
-# run/calibration.json, run/simulated.jsonl, run/summary.json, report.html, logs.tar.gz (per-point
-# worker logs), gpu_check.log (everything printed here).
+# OUTDIR receives at most 12 files, none deeper than OUTDIR/run/: run/records.jsonl, run/timelines.jsonl
+# (memory timelines), run/calibration.jsonl (the speed kernel's readings), run/suite.toml,
+# run/calibration.json, run/simulated.jsonl, run/summary.json, report.html, report.checks.csv,
+# logs.tar.gz (per-point worker logs), gpu_check.log (everything printed here).
 set -uo pipefail
 
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}

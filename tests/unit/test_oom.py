@@ -22,11 +22,11 @@ def test_oom_messages_outside_the_allocator():
     assert not worker.is_oom_error(ValueError("out of memory"))
 
 
-def _raise_oom(case, t_submit=None, fault=None):
+def _raise_oom(case, t_submit=None, fault=None, timeout_s=None):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def _raise_runtime_oom(case, t_submit=None, fault=None):
+def _raise_runtime_oom(case, t_submit=None, fault=None, timeout_s=None):
     raise RuntimeError("CUDA error: out of memory")
 
 
@@ -55,7 +55,7 @@ def test_child_main_records_runtime_oom(tmp_path, monkeypatch):
     assert result["status"] == "oom"
 
 
-def _allocate_a_quarter_terabyte(case, t_submit=None, fault=None):
+def _allocate_a_quarter_terabyte(case, t_submit=None, fault=None, timeout_s=None):
     # a real request to torch's CPU allocator that no machine here can satisfy: it fails at once
     # (the kernel refuses the mapping), as a too large point's activations would
     torch.empty(2**38, dtype=torch.uint8)
