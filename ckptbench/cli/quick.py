@@ -128,7 +128,8 @@ def suite_text(args, every_n_default: list[int] = DEFAULT_EVERY_N) -> str:
     if args.offload or (args.device == "cuda" and not args.every_n_layers):
         sweep.append("offload = [false, true]")
     device = f'device = "{args.device}"\n' if args.device else ""
-    train = "\n[train]\n" + "\n".join(train_lines(args)) + "\n"
+    timing = [f"max_steps = {args.max_steps}"] if getattr(args, "max_steps", None) else []
+    train = "\n[train]\n" + "\n".join(train_lines(args) + timing) + "\n"
     return (f'# written by: ckptbench sweep --model {args.model} (quick form)\n[suite]\nname = "{name}"\n'
             f"{device}\n[model]\n" + "\n".join(model) + "\n" + train + "\n[sweep]\n" + "\n".join(sweep) + "\n")
 
@@ -149,3 +150,6 @@ def add_arguments(p) -> None:
     g.add_argument("--attn", choices=("eager", "sdpa"),
                    help="default: transformers' default for the model (sdpa where it has it; eager in fp32 on CUDA)")
     g.add_argument("--device", choices=("cpu", "cuda"))
+    g.add_argument("--max-steps", type=int, metavar="N",
+                   help="time at most N steps a point (default 50: steps are timed until their median is known "
+                        "to ±2 %%, 20 s or 50 steps)")

@@ -103,11 +103,17 @@ def fmt_tok(c: Candidate) -> str:
     return f"{c.tok_s:,.0f} tokens/s [{c.low:,.0f}, {c.high:,.0f}] ({coverage_label(c.coverage)} interval)"
 
 
+def _no_checkpointing(strategy) -> bool:
+    """A strategy name of no checkpointing: "none", or "none+bf16-mixed" and the like (the name carries
+    the point's setup after a "+": precision, loop, adapters)."""
+    return str(strategy).split("+")[0] == "none"
+
+
 def against_none(row: dict, group: pd.DataFrame) -> str:
     """Peak saving and step-time ratio of a point (a tidy row) against no checkpointing at its batch."""
-    if row.get("strategy") == "none":
+    if _no_checkpointing(row.get("strategy")):
         return "is no checkpointing"
-    base = group[(group["strategy"] == "none") & (group["batch"] == row.get("batch"))]
+    base = group[group["strategy"].map(_no_checkpointing).astype(bool) & (group["batch"] == row.get("batch"))]
     if base.empty:
         return f"no ok 'none' point at batch {row.get('batch', 0):.0f} to compare with"
     b = base.iloc[0].to_dict()

@@ -101,3 +101,13 @@ def test_fastest_on_bare_candidates():
     assert answer.kind == "tied" and [x.name for x in answer.tied] == ["a", "c"]
     assert headline.fastest([a]).kind == "only" and headline.fastest([]).kind == "none"
     assert headline.fastest([a, b], left_out=lambda x: x.name == "a").best is b
+
+
+def test_no_checkpointing_under_a_setup_name_is_still_the_baseline():
+    # a bf16-mixed run names its points "none+bf16-mixed", "full+bf16-mixed": the baseline is found all the same
+    records = [rec(0, 0.100), rec(1, 0.150, peak=50 * MIB)]
+    for r in records:
+        r["strategy"] += "+bf16-mixed"
+    rows = table(records)
+    assert rows["seq 64: fastest"]["against"] == "is no checkpointing"
+    assert rows["seq 64: lowest peak memory"]["against"].startswith("50.0 % less peak memory, step time 1.50× [")

@@ -43,11 +43,13 @@ def test_models_lists_every_preset():
 def test_quick_form_writes_its_suite_and_a_rerun_of_it_resumes(tmp_path):
     out = tmp_path / "run"
     quick = [sys.executable, "-m", "ckptbench", "sweep", "--model", "mistral-7b", "--layers", "2", "--hidden", "64",
-             "--vocab", "256", "--seq", "32", "--batch", "2", "--every-n-layers", "0,1", "--out", str(out)]
+             "--vocab", "256", "--seq", "32", "--batch", "2", "--every-n-layers", "0,1", "--max-steps", "3",
+             "--out", str(out)]
     proc = subprocess.run(quick, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (out / "suite.toml").read_text()
     assert 'preset = "mistral-7b"' in text and "layers = 2" in text and "every_n_layers = [0, 1]" in text
+    assert "max_steps = 3" in text
     assert (out / "report.html").is_file()  # a quick sweep ends with its report
     again = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", str(out / "suite.toml"), "--out",
                             str(out), "--resume"], capture_output=True, text=True, timeout=120)
