@@ -22,6 +22,13 @@ from .runsetup import (  # noqa: F401  (the kinds of run, re-exported: a Case's 
     Setup,
     precision_name,
 )
+from .strategy import (  # noqa: F401  (which layers and ops are recomputed, re-exported: part of a point too)
+    SAC_POLICIES,
+    Recompute,
+    checkpointed_layers,
+    checkpointing_name,
+)
+from .trainspec import Timing, TrainSpec  # noqa: F401  (re-exported: a Case's [train] settings)
 
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
@@ -195,20 +202,6 @@ def canonical_config(extra: dict) -> str:
     return json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else ""
 
 
-def checkpointing_name(every_n_layers: int, offload: bool) -> str:
-    """Short name of a checkpointing setting: none, full, every-2, full+offload ..."""
-    name = "none" if every_n_layers == 0 else "full" if every_n_layers == 1 else f"every-{every_n_layers}"
-    return name + ("+offload" if offload else "")
-
-
-def checkpointed_layers(layers: int, every_n_layers: int) -> list[int]:
-    """What ``every_n_layers`` means in transformers: layer i is checkpointed when i % n == 0; 0 is off.
-    The one statement of that rule here: the estimate, the FLOP count and a Case all ask this function."""
-    if every_n_layers <= 0:
-        return []
-    return [i for i in range(layers) if i % every_n_layers == 0]
-
-
 # (autocast, families) the analytic estimate has mixed-precision terms for, under the manual loop on a CPU
 # (tests/unit/test_mixed_estimate.py holds them to the simulated step byte for byte)
 ANALYTIC_MIXED = {"bf16": ("llama", "qwen2")}
@@ -262,18 +255,6 @@ def analytic_sharded_point(model: ModelSpec, setup: Setup, device: str = "cpu") 
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    """Fixed training settings of a suite: identical for every point so points are comparable."""
-
-    lr: float = 1e-4
-    warmup_steps: int = 1
-    steps: int = 3
-    memory_steps: int = 1
-    seed: int = 0
-    threads: int = 1
-
-
-@dataclass(frozen=True)
 class DataSpec:
     """What the ranks train on, and how the held-out loss is taken.
 
@@ -316,11 +297,13 @@ class Case:
     sync_impl: str = "accelerate"  # local SGD averaging: accelerate's LocalSGD or torch's model averager
     data: DataSpec = DataSpec()
     setup: Setup = Setup()
+    recompute: Recompute = Recompute()  # a layer set instead of every_n_layers, a SAC policy
 
     @property
     def id(self) -> str:
         fields_ = asdict(self)
         fields_["setup"] = self.setup.id_fields()
+        fields_["train"] = self.train.id_fields()  # the timing only when not its default
         if self.setup == Setup():
             del fields_["setup"]  # pure-dtype points of the manual loop keep the ids they had before
         # the optimizer was a fixed TrainSpec field ("adamw") before it became a choice in the setup
@@ -331,13 +314,15 @@ class Case:
             del fields_["model"]["dropout"]  # dropout was always off before it was a choice
         if self.data == DataSpec():
             del fields_["data"]  # points on random tokens keep the ids they had before data had a choice
+        if self.recompute == Recompute():
+            del fields_["recompute"]  # every_n_layers alone: the ids points had before layer sets and SAC
         canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
     @property
     def strategy(self) -> str:
         """Short human name of the setting: none, full, every-2, full+offload, none+ddp2, full+K4 ..."""
-        name = checkpointing_name(self.every_n_layers, self.offload)
+        name = checkpointing_name(self.every_n_layers, self.offload, self.recompute)
         if self.world_size > 1:
             shard = self.setup.sharding
             name += f"+{shard}{self.world_size}" if self.local_sgd_steps == 0 else f"+K{self.local_sgd_steps}"
@@ -356,14 +341,15 @@ class Case:
 
     @property
     def analytic(self) -> bool:
-        """Whether the analytic estimate describes this point (:func:`analytic_point`).  Every other point is
-        predicted by the simulation of its step."""
-        return analytic_point(self.model, self.setup, self.device)
+        """Whether the analytic estimate describes this point (:func:`analytic_point`; a SAC policy's kept
+        operators are not modelled).  Every other point is predicted by the simulation of its step."""
+        return analytic_point(self.model, self.setup, self.device) and not self.recompute.sac
 
     @property
     def checkpointed_layers(self) -> list[int]:
-        """The layers this point's setting asks transformers to checkpoint (:func:`checkpointed_layers`)."""
-        return checkpointed_layers(self.model.layers, self.every_n_layers)
+        """The layers this point's setting checkpoints: its layer set, else transformers' ``every_n_layers``
+        rule (:func:`checkpointed_layers`)."""
+        return list(self.recompute.layers) or checkpointed_layers(self.model.layers, self.every_n_layers)
 
     @property
     def tokens_per_step(self) -> int:
@@ -377,9 +363,10 @@ class Case:
         known = _field_names(cls)
         values = {k: v for k, v in data.items() if k in known}
         values["model"] = ModelSpec(**data["model"])
-        values["train"] = TrainSpec(**{k: v for k, v in data["train"].items() if k in _field_names(TrainSpec)})
+        values["train"] = TrainSpec.from_dict(data["train"])
         values["data"] = DataSpec(**data["data"]) if data.get("data") else DataSpec()
         values["setup"] = Setup.from_dict(data["setup"]) if data.get("setup") else Setup()
+        values["recompute"] = Recompute.from_dict(data["recompute"]) if data.get("recompute") else Recompute()
         return cls(**values)
 
 

@@ -6,8 +6,8 @@ worker starts, so a typo costs a second, not a sweep.
 
 Axes in ``[sweep]`` are crossed.  Two kinds of pairs in that product mean nothing and are left out
 rather than rejected (a user asking for ``every_n_layers = [0, 1]`` × ``offload = [false, true]`` wants
-offload where there is something to offload): offload without checkpointing, local SGD on one
-process, and a choice of averaging implementation where nothing is averaged.  A suite in which such a setting can never apply is rejected.
+offload where there is something to offload): offload or a SAC policy without checkpointing, local SGD on
+one process, and a choice of averaging implementation where nothing is averaged.  A suite in which such a setting can never apply is rejected.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     MODEL_SOURCES,
     SETUP_AXES,
     SLURM_KEYS,
+    STRATEGY_AXES,
     SUITE_KEYS,
     TABLES,
     TRAIN_KEYS,
@@ -73,6 +74,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     compute_dtype,
 )
 from .suitesetup import setups, train_spec
+from .suitestrategy import strategies
 
 
 def _source(ck: _Checker, table: dict) -> dict:
@@ -273,7 +275,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     model, attn_note, axes["precision"] = _model(ck, ck.table(data, "model"), suite.get("device", "cpu"),
                                                  axes["precision"] or None)
     train_table = ck.table(data, "train")
-    train = train_spec(ck, train_table)
+    train = train_spec(ck, train_table, suite.get("timeout_s", 300.0))
     axes["seed"] = axes["seed"] or [train.seed]
     data_spec = _data(ck, ck.table(data, "data"), model)
     if data_spec.source != "random" and min(axes["world_size"]) == 1:
@@ -284,11 +286,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     if device not in DEVICES:
         ck.fail("suite.device", f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     point_setups = setups(ck, axes, train_table, device, model.attn)
-    if max(axes["every_n_layers"]) > model.layers:
-        ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
-                f"{model.layers} layers")
-    if True in axes["offload"] and max(axes["every_n_layers"]) == 0:
-        ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
+    point_strategies = strategies(ck, sweep, axes, model.layers)
     if max(axes["local_sgd_steps"]) > 0 and max(axes["world_size"]) == 1:
         ck.fail("sweep.local_sgd_steps", "local SGD needs world_size > 1 (add it to sweep.world_size)")
     for impl in axes["sync_impl"]:
@@ -307,26 +305,30 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     if not all(_is(b, (int, float)) and math.isfinite(b) and b > 0 for b in budgets):
         ck.fail("suite.budgets_gib", f"must be positive numbers, got {budgets!r}")
 
-    rest = [a for a in AXES if a != "seed" and a not in SETUP_AXES]
-    crossed = len(axes["seed"]) * len(point_setups) * math.prod(len(axes[a]) for a in rest)
+    rest = [a for a in AXES if a != "seed" and a not in SETUP_AXES and a not in STRATEGY_AXES]
+    crossed = (len(axes["seed"]) * len(point_setups) * len(point_strategies)
+               * math.prod(len(axes[a]) for a in rest))
     if crossed > MAX_CROSSED:  # counted before a single Case is built: 10^4 × 10^4 would not fit in memory
         widest = max(AXES, key=lambda a: len(axes[a]))
         ck.fail(f"sweep.{widest}", f"the axes cross to {crossed:,} points (more than {MAX_CROSSED:,}); "
                 "split the sweep into several suites")
     cases = []
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
-    for seed, (dtype, setup), (b, s, n, off, k, ga, ws, impl) in itertools.product(
-            axes["seed"], point_setups, itertools.product(*(axes[a] for a in rest))):
+    # the strategy (every_n_layers, a layer set, a SAC policy) crosses where every_n_layers alone did
+    batch_seq, after = [axes[a] for a in rest[:2]], [axes[a] for a in rest[2:]]
+    for seed, (dtype, setup), (b, s, (n, recompute), off, k, ga, ws, impl) in itertools.product(
+            axes["seed"], point_setups, itertools.product(*batch_seq, point_strategies, *after)):
         # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
         # averaging implementation where nothing is averaged (plain DDP or a single process), and a choice
         # of loop for a multi-rank point (which always runs accelerate's data-parallel loop), and a sharding
         # where nothing is shared out (one rank) or parameters are averaged (local SGD averages whole models)
-        if (off and n == 0) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
+        if (off and n == 0 and not recompute.layers) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
                 (setup.loop != "manual" and ws > 1) or (setup.sharding != "ddp" and (ws == 1 or k > 0)):
             continue
         cases.append(Case(model=replace(model, dtype=dtype), train=replace(train, seed=seed), batch_size=b,
                           seq_len=s, every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga,
-                          world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup))
+                          world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup,
+                          recompute=recompute))
     budget = suite.get("memory_budget_gib")
     return Suite(
         name=name,

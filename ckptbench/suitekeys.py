@@ -30,14 +30,16 @@ MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "h
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int, "loop": str, "lora": dict,
-              "sharding": str}
+              "sharding": str, "time_precision": (int, float), "max_steps": int, "max_time_s": (int, float)}
 AXES = {"seed": int, "precision": str, "loop": str, "lora_r": int, "sharding": str, "optimizer": str,
-        "batch_size": int, "seq_len": int, "every_n_layers": int,
+        "batch_size": int, "seq_len": int, "every_n_layers": int, "checkpoint_layers": list, "sac": str,
         "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
 # seed: [train.seed]; precision: [model.precision] (or model.dtype); loop, sharding, optimizer: [train.*];
 # lora_r: [train.lora].r (0: no adapters, full fine-tuning)
 SETUP_AXES = ("precision", "loop", "lora_r", "sharding", "optimizer")
-AXIS_DEFAULTS = {"every_n_layers": [0], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
+# every_n_layers and checkpoint_layers (layer sets) are one axis, crossed with sac (suitestrategy.py)
+STRATEGY_AXES = ("every_n_layers", "checkpoint_layers", "sac")
+AXIS_DEFAULTS = {"every_n_layers": [0], "checkpoint_layers": [], "sac": ["off"], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
                  "world_size": [1], "sync_impl": ["accelerate"], "seed": [], **dict.fromkeys(SETUP_AXES, [])}
 DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
              "eval_every": int, "eval_batches": int}
@@ -96,14 +98,18 @@ class _Checker:
         values = values if isinstance(values, list) else [values]
         if not values:
             self.fail(f"sweep.{key}", "empty list: give at least one value")
+        if key == "checkpoint_layers" and not any(isinstance(v, list) for v in values):
+            self.fail(f"sweep.{key}", f"each value is a layer set, a list: write [{values!r}] for the one set "
+                      f"{values!r}")
         for v in values:
             if not _is(v, AXES[key]):
                 self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
         seen: set = set()
         for v in values:  # one pass: a 40,000-value axis is checked as fast as a short one
-            if v in seen:
+            hashable = repr(v) if isinstance(v, list) else v
+            if hashable in seen:
                 self.fail(f"sweep.{key}", f"duplicate value {v!r}")
-            seen.add(v)
+            seen.add(hashable)
         if AXES[key] is int:
             zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed", "lora_r")
             for v in values:

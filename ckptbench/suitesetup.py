@@ -8,15 +8,15 @@ import itertools
 from dataclasses import fields, replace
 
 from .runsetup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
-from .spec import TrainSpec
+from .spec import Timing, TrainSpec
 from .suitekeys import _Checker, _is, compute_dtype
 
 LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "targets": list, "quantize": str}
 
 
-def train_spec(ck: _Checker, table: dict) -> TrainSpec:
+def train_spec(ck: _Checker, table: dict, timeout_s: float = 300.0) -> TrainSpec:
     """The ``[train]`` settings every point shares; its setup keys are read by :func:`setups`."""
-    for key in ("warmup_steps", "steps", "memory_steps", "threads"):
+    for key in ("warmup_steps", "steps", "memory_steps", "threads", "max_steps", "max_time_s"):
         if key in table:
             ck.positive(f"train.{key}", table[key])
     if "lr" in table:
@@ -24,7 +24,24 @@ def train_spec(ck: _Checker, table: dict) -> TrainSpec:
     if "seed" in table:
         ck.positive("train.seed", table["seed"], allow_zero=True)
     known = {f.name for f in fields(TrainSpec)}
-    return TrainSpec(**{k: v for k, v in table.items() if k in known})
+    train = TrainSpec(**{k: v for k, v in table.items() if k in known})
+    return replace(train, timing=_timing(ck, table, train.steps, timeout_s))
+
+
+def _timing(ck: _Checker, table: dict, steps: int, timeout_s: float) -> Timing:
+    """``time_precision``, ``max_steps`` and ``max_time_s``: how long the timed steps go on."""
+    precision = table.get("time_precision", Timing.precision)
+    ck.positive("train.time_precision", precision)
+    if precision >= 1:
+        ck.fail("train.time_precision", f"must be below 1 (a relative half-width: 0.02 is ±2 %), got {precision!r}")
+    if table.get("max_steps", steps) < steps:
+        ck.fail("train.max_steps", f"must be >= train.steps ({steps}), the fewest timed steps; got {table['max_steps']!r}")
+    max_time = table.get("max_time_s", Timing.max_time_s)
+    if "max_time_s" in table and max_time >= timeout_s:
+        ck.fail("train.max_time_s", f"must be below suite.timeout_s ({timeout_s:g}), or every point that reaches "
+                f"it times out; got {max_time!r}")
+    return Timing(precision=float(precision), max_steps=table.get("max_steps", Timing.max_steps),
+                  max_time_s=float(max_time))
 
 
 def _lora(ck: _Checker, table: dict) -> Lora:

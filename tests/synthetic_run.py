@@ -3,9 +3,11 @@
 The records are copies of the committed reference run (``results/reference-cpu``), each template once
 per seed, so every Case id is a real, distinct hash; measured figures are scaled a little per
 point, a few checks fail, and a few points end oom or crashed, so each section of the report has
-something to show.  Every record passes :func:`ckptbench.store.validate.record_problem`.
+something to show.  Every record passes :func:`ckptbench.store.validate.record_problem`.  With
+``--timelines`` each ok point also has a memory timeline at its 2,000-sample bound in
+``timelines.jsonl``, as a sweep writes it (the record keeps the pointer).
 
-    python -m tests.synthetic_run OUT_DIR [N] [--seed S]
+    python -m tests.synthetic_run OUT_DIR [N] [--seed S] [--timelines]
 """
 
 from __future__ import annotations
@@ -78,12 +80,34 @@ def synthetic_records(n: int, seed: int = 0, fail_every: int = 97, bad_every: in
     return out
 
 
-def write_run(out_dir: str, n: int, seed: int = 0) -> str:
-    """Write `n` synthetic records (and the reference suite file) into `out_dir`; returns the directory."""
+def synthetic_timeline(peak: int, samples: int = 2000) -> dict:
+    """A memory timeline at the bound a sweep keeps (a step of twice as many changes, downsampled), with
+    the marks of a 4-layer step, peaking at `peak` in backward."""
+    top = samples * 2 // 3
+    values = [peak * min(k, 2 * top - k) // top for k in range(samples)]
+    marks = [[0, "forward"]] + [[40 * i + 1, f"forward-layer-{i}"] for i in range(4)]
+    marks += [[2 * top - 2, "backward-head"], [2 * top, "backward-layer-3"], [2 * samples - 20, "optimizer"]]
+    return {"meter": "cpu-live-storages", "unit": "bytes", "events": 2 * samples - 1,
+            "event": list(range(0, 2 * samples, 2)), "bytes": values, "peak_event": 2 * top,
+            "marks": marks, "marks_dropped": 0, "max_samples": samples}
+
+
+def write_run(out_dir: str, n: int, seed: int = 0, timelines: bool = False) -> str:
+    """Write `n` synthetic records (and the reference suite file) into `out_dir`, with `timelines` a
+    timeline line per ok record beside them; returns the directory."""
     os.makedirs(out_dir, exist_ok=True)
+    side = open(os.path.join(out_dir, "timelines.jsonl"), "w", encoding="utf-8") if timelines else None
     with open(os.path.join(out_dir, "records.jsonl"), "w", encoding="utf-8") as fh:
         for rec in synthetic_records(n, seed):
+            m = rec.get("measurement") or {}
+            if side is not None and rec["status"] == "ok" and m.get("peak_bytes"):
+                tl = synthetic_timeline(m["peak_bytes"])
+                m.update(timeline_stored="timelines.jsonl", timeline_samples=len(tl["bytes"]))
+                side.write(json.dumps({"attempt": 1, "case_id": rec["case_id"], "repeat": rec.get("repeat", 0),
+                                       "schema": 1, "timeline": tl}, sort_keys=True) + "\n")
             fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    if side is not None:
+        side.close()
     suite = os.path.join(REFERENCE, "suite.toml")
     if os.path.exists(suite):
         shutil.copy(suite, os.path.join(out_dir, "suite.toml"))
@@ -95,8 +119,9 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("n", type=int, nargs="?", default=20000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timelines", action="store_true", help="a memory timeline per ok point in timelines.jsonl")
     args = p.parse_args()
-    print(write_run(args.out, args.n, args.seed))
+    print(write_run(args.out, args.n, args.seed, args.timelines))
 
 
 if __name__ == "__main__":

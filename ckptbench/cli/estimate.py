@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec import ATTENTIONS, PRESETS, precision_name
+from ..spec import ATTENTIONS, PRESETS, SAC_POLICIES, precision_name
 from ..theory import estimate as est_mod
 from .quick import add_precision_flags, precision_flag, train_lines
 
@@ -22,6 +22,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--every-n-layers", type=int, default=0, help="0 = off, 1 = every layer, n = every n-th")
+    p.add_argument("--layers", default="", metavar="I,J,...",
+                   help="checkpoint exactly these layers (0-based, increasing) instead of --every-n-layers")
+    p.add_argument("--sac", default="", metavar="POLICY",
+                   help=f"selective activation checkpointing inside the checkpointed layers: {', '.join(SAC_POLICIES)} "
+                        "(estimated by the simulated step)")
     p.add_argument("--offload", action="store_true", help="checkpointed inputs go to host memory")
     add_precision_flags(p)
     p.add_argument("--attn", choices=ATTENTIONS, default=None,
@@ -64,7 +69,9 @@ def _rows(e: est_mod.Estimate) -> list[tuple[str, int]]:
 
 def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
     precision = precision_name(e.dtype, e.autocast)
-    head = (f"{e.model}  {precision} {e.attn}  b={e.batch} s={e.seq}  every_n_layers={e.every_n_layers}"
+    which = (f"every_n_layers={e.every_n_layers}" if e.every_n_layers or not e.checkpointed_layers else
+             f"layers={','.join(map(str, e.checkpointed_layers))}")
+    head = (f"{e.model}  {precision} {e.attn}  b={e.batch} s={e.seq}  {which}"
             f"{' offload' if e.offload else ''}  params={e.n_params:,}")
     lines = [head, ""]
     if sim is None:
@@ -94,7 +101,8 @@ def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
 
 
 FLAGS = {"sweep.batch_size": "--batch", "sweep.seq_len": "--seq", "sweep.every_n_layers": "--every-n-layers",
-         "sweep.offload": "--offload", "sweep.grad_accum": "--grad-accum"}
+         "sweep.offload": "--offload", "sweep.grad_accum": "--grad-accum", "sweep.checkpoint_layers": "--layers",
+         "sweep.sac": "--sac"}
 
 
 def case_from_args(args: argparse.Namespace):
@@ -107,7 +115,7 @@ def case_from_args(args: argparse.Namespace):
     text = "\n".join([
         f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model,
         "[train]", *train_lines(args), "[sweep]",
-        f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", f"every_n_layers = [{args.every_n_layers}]",
+        f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", *_strategy_lines(args),
         f"offload = [{'true' if args.offload else 'false'}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
     ])
     try:
@@ -116,16 +124,32 @@ def case_from_args(args: argparse.Namespace):
         raise UsageError(f"{FLAGS.get(exc.key, exc.key)}: {exc.reason}") from None
 
 
+def _strategy_lines(args: argparse.Namespace) -> list[str]:
+    """``--every-n-layers`` or ``--layers``, and ``--sac``, as the suite keys that check them."""
+    from ..errors import UsageError
+
+    layers, sac = getattr(args, "layers", ""), getattr(args, "sac", "")
+    if layers and args.every_n_layers:
+        raise UsageError("--layers: give a layer set or --every-n-layers, not both")
+    try:
+        which = (f"checkpoint_layers = [[{', '.join(str(int(i)) for i in layers.split(','))}]]" if layers else
+                 f"every_n_layers = [{args.every_n_layers}]")
+    except ValueError:
+        raise UsageError(f"--layers: layer indices separated by commas (0,1,2,5), got {layers!r}") from None
+    return [which] + ([f"sac = [{json.dumps(sac)}]"] if sac else [])
+
+
 def _simulated_only(case) -> int:
     """A model without an analytic estimate: the simulated step is its answer."""
     from ..theory.simulate import simulate
 
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                   device=case.device, setup=case.setup).to_dict()
+                   device=case.device, setup=case.setup, recompute=case.recompute).to_dict()
     from ..spec import not_analytic_because
 
     spec = case.model
-    why = not_analytic_because(spec, case.setup, case.device)
+    why = (not_analytic_because(spec, case.setup, case.device)
+           or f"the analytic estimate does not model what SAC policy {case.recompute.sac} keeps")
     print(f"{spec.label} {case.precision} {spec.attn} b={case.batch_size} s={case.seq_len} {case.strategy} "
           f"on {case.device}: {why}, so the simulated step (the real step on fake tensors) is the estimate")
     for key in ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "peak_bytes",
@@ -173,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         from ..theory.simulate import simulate
 
         sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                       device=case.device, setup=case.setup).to_dict()
+                       device=case.device, setup=case.setup, recompute=case.recompute).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

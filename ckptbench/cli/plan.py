@@ -217,7 +217,10 @@ def cmd_plan(args) -> int:
     spec = case.model
     t0 = time.perf_counter()
     predict = predictor(spec, args.seq, a, args.simulate, case.setup)
-    options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup)
+    if args.layer_sets and (type(predict) is not planner.Analytic or args.verify):
+        raise UsageError("--layer-sets: planned from the analytic estimate of an unsharded point, without --verify "
+                         "(which measures every_n_layers settings)")
+    options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup, layer_sets=args.layer_sets)
     why = "" if any(o.max_batch for o in options) else planner.nothing_fits(spec, args.seq, a, predict, case.setup)
     took = time.perf_counter() - t0
     label = run_label(case)
@@ -281,6 +284,9 @@ def add_parser(sub) -> None:
 
     p.add_argument("--network", default="NVLink", choices=[k.name for k in LINKS],
                    help="the link between ranks for --world (default NVLink)")
+    p.add_argument("--layer-sets", action="store_true",
+                   help="also plan, for each count of layers no every_n_layers checkpoints, the best set of that "
+                        "many layers (of the first k, k spread evenly and the last k: the lowest estimated peak)")
     p.add_argument("--html", metavar="FILE", help="also write the plan as a self-contained HTML page")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",

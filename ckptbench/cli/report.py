@@ -131,7 +131,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--fail-memory", type=_percent, default="2%", metavar="PCT",
                    help="fail when peak / after-forward / saved-activation memory grows by more (default 2%%)")
     p.add_argument("--no-drift-correction", action="store_true",
-                   help="judge each point's raw time change, not its change relative to the shift all points share")
+                   help="judge raw time changes even when the runs' calibration kernel measured a change of the "
+                        "machine's speed beyond its noise")
     p.add_argument("--fail-time", type=_percent, default="10%", metavar="PCT",
                    help="fail when median step time grows or tokens/s drops by more (default 10%%)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")

@@ -107,7 +107,8 @@ def verify(args, planned, options, a, predict) -> int:
     print(f"\nverify ({out}): predicted vs measured on this machine")
     print(f"{'strategy':<16} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} {'tok/s meas':>10}")
     ratios = []
-    for r in load_records(out).records:
+    measured_records = load_records(out).records
+    for r in measured_records:
         case = next(c for c in cases if c.id == r["case_id"])
         predicted_s, _ = step_seconds(case, a, predict)
         m = r.get("measurement") or {}
@@ -120,6 +121,13 @@ def verify(args, planned, options, a, predict) -> int:
         print(f"{case.strategy:<16} {case.batch_size:>5} {(est or 0) / 2**30:>13.3f} "
               f"{(m.get('peak_bytes') or 0) / 2**30:>13.3f} {tokens / predicted_s if predicted_s else 0:>10,.0f} "
               f"{measured_tps or 0:>10,.0f}  {r['status']}")
+    # what the measurements say is fastest, within the memory the plan fitted to (its peak allowance)
+    from ..report.headline import summary_lines
+
+    allowance = (a.memory_bytes - a.context_bytes) / (1 + a.reserved_margin)
+    for line in summary_lines(measured_records, [(f" within the plan's {a.memory_bytes / 2**30:.2f} GiB (measured)",
+                                                  allowance)]):
+        print(line)
     if args.calibration:
         efficiency, why = calibrated_efficiency(a.efficiency, ratios)
         if efficiency is None:

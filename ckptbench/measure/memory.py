@@ -17,6 +17,7 @@ import torch
 from .allocator import AllocatorMeter
 from .nvml import nvml_process_used_bytes, nvml_used_bytes
 from .storage import LiveStorageTracker, track_training_state
+from .timeline import CudaHistory, Timeline
 
 
 @dataclass
@@ -45,11 +46,13 @@ class MemoryResult:
 
 
 class CpuMemoryProbe:
-    """Exact live-tensor peak on CPU (see :class:`LiveStorageTracker`)."""
+    """Exact live-tensor peak on CPU (see :class:`LiveStorageTracker`); with `timeline`, the tracker's total
+    after every change too, marked by phase and layer (:mod:`.timeline`)."""
 
     kind = "cpu-live-storages"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor],
+                 timeline: bool = False):
         self.model = model
         self.optimizer = optimizer
         self.inputs = inputs
@@ -57,6 +60,8 @@ class CpuMemoryProbe:
         self.allocator = AllocatorMeter()  # the second meter: c10's allocator events, through the profiler
         self._hooks: list = []
         self.after_forward: dict | None = None
+        self.want_timeline = timeline
+        self.timeline: Timeline | None = None
 
     def start(self) -> None:
         # garbage of earlier steps (reference cycles) freed by a collection in the middle of this step would
@@ -75,6 +80,9 @@ class CpuMemoryProbe:
             if p.requires_grad:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
         tr.reset_peak()
+        if self.want_timeline:
+            self.timeline = Timeline(tr.total)
+            tr.samples = self.timeline.values
         self.tracked_start = tr.total + tr.host
         self.allocator.start()
         tr.__enter__()
@@ -82,6 +90,12 @@ class CpuMemoryProbe:
     def set_phase(self, phase: str) -> None:
         """Name what the step does from now on; the peak remembers the name it was reached under."""
         self.tracker.phase = phase
+        self.mark(phase)
+
+    def mark(self, label: str) -> None:
+        """A mark on the timeline (a phase, a layer entered or recomputed); nothing without a timeline."""
+        if self.timeline is not None:
+            self.timeline.mark(label)
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if p.grad is not None:
@@ -93,6 +107,7 @@ class CpuMemoryProbe:
 
     def stop(self) -> None:
         self.tracker.__exit__(None, None, None)
+        self.tracker.samples = None  # later frees (the step's garbage) are not the step's
         self.allocator.stop()
         for h in self._hooks:
             h.remove()
@@ -109,7 +124,8 @@ class CpuMemoryProbe:
             peak_bytes=tr.peak,
             peak_breakdown=dict(tr.peak_breakdown),
             extra={"peak_phase": tr.peak_phase, "tracked_start_bytes": self.tracked_start,
-                   "tracked_resident_peak_bytes": tr.resident_peak, **self.allocator.result()},
+                   "tracked_resident_peak_bytes": tr.resident_peak, **self.allocator.result(),
+                   **({"timeline": self.timeline.result(self.kind, "bytes")} if self.timeline else {})},
         )
 
 
@@ -122,11 +138,13 @@ class CudaMemoryProbe:
 
     kind = "cuda-allocator"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor]):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor],
+                 timeline: bool = False):
         self.model = model
         self.optimizer = optimizer
         self.device = next(model.parameters()).device
         self.after_forward: int | None = None
+        self.history = CudaHistory(self.device) if timeline else None
 
     def start(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -138,9 +156,17 @@ class CudaMemoryProbe:
         self.base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         _reset_host_peak()
+        if self.history is not None:
+            self.history.start()
 
     def set_phase(self, phase: str) -> None:
-        """The allocator's peak has no time stamp: naming its phase would need a synchronise per phase."""
+        """The allocator's peak has no time stamp: naming its phase would need a synchronise per phase.
+        The timeline's mark needs none: the allocator is called from the host, in program order."""
+        self.mark(phase)
+
+    def mark(self, label: str) -> None:
+        if self.history is not None:
+            self.history.mark(label)
 
     def mark_after_forward(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -151,6 +177,9 @@ class CudaMemoryProbe:
         self.peak = torch.cuda.max_memory_allocated(self.device)
         self.reserved = torch.cuda.max_memory_reserved(self.device)
         self.reserved_now = torch.cuda.memory_reserved(self.device)
+        self.requested_peak = torch.cuda.memory_stats(self.device).get("requested_bytes.all.peak")
+        if self.history is not None:
+            self.history.stop()
         self.nvml_process = nvml_process_used_bytes(cuda_index(self.device), os.getpid())
         self.host_pinned_peak = _host_pinned_peak()
         self.grads_bytes = sum(
@@ -181,8 +210,17 @@ class CudaMemoryProbe:
                 "nvml_process_used_bytes": self.nvml_process,
                 # offloaded activations live here, not in the device allocator (None: torch too old)
                 "cuda_host_pinned_peak_bytes": self.host_pinned_peak,
+                # the peak of the bytes asked for (blocks before rounding): the timeline's maximum
+                "cuda_max_requested_bytes": self.requested_peak,
+                **self._timeline(),
             },
         )
+
+    def _timeline(self) -> dict:
+        if self.history is None:
+            return {}
+        timeline, why = self.history.result(cuda_index(self.device))
+        return {"timeline": timeline} if timeline is not None else {"timeline_note": why}
 
 
 def cuda_index(device: torch.device) -> int:
@@ -212,9 +250,9 @@ def _host_pinned_peak() -> int | None:
 
 
 
-def probe_for(device: torch.device, model, optimizer, inputs):
+def probe_for(device: torch.device, model, optimizer, inputs, timeline: bool = False):
     """The memory probe for a device: the only place that chooses between CPU and CUDA accounting."""
     if device.type == "cuda":
-        return CudaMemoryProbe(model, optimizer, inputs)
-    return CpuMemoryProbe(model, optimizer, inputs)
+        return CudaMemoryProbe(model, optimizer, inputs, timeline)
+    return CpuMemoryProbe(model, optimizer, inputs, timeline)
 

@@ -9,7 +9,8 @@ checkpoint) reports the tensor it receives before doing its own work.  Storages 
 
 :class:`LayerProbe` records each decoder layer's input storage (a forward pre-hook on the layer runs
 outside the checkpoint, once per forward) and which layers run their sub-modules again during backward,
-which is the direct evidence that ``every_n_layers`` did what it says.
+which is the direct evidence that ``every_n_layers`` did what it says; with the counter it also says
+which layer keeps what for backward (:meth:`SavedTensorCounter.per_layer`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ HOOK_KINDS = (
 )
 
 
+RETAINING = frozenset({"default", "offload", "other"})  # the hooks whose packed tensors stay alive for backward
+
+
 def hook_kind(fn) -> str:
     name = getattr(fn, "__qualname__", "") or ""
     for prefix, kind in HOOK_KINDS:
@@ -42,6 +46,8 @@ class SavedEntry:
     nbytes: int
     kinds: set = field(default_factory=set)
     is_param: bool = False
+    layer: int | None = None  # the decoder layer whose forward ran when a hook first kept it (not checkpoint's)
+    placed: bool = False
 
 
 class SavedTensorCounter:
@@ -73,6 +79,9 @@ class SavedTensorCounter:
         if entry is None:
             entry = self.entries[key] = SavedEntry(t.untyped_storage().nbytes(), is_param=key in self.param_keys)
         entry.kinds.add(kind)
+        if not entry.placed and kind in RETAINING:
+            entry.placed = True
+            entry.layer = self.layer_of() if self.layer_of is not None else None
 
     def _wrap(self, pack):
         kind = hook_kind(pack)
@@ -116,7 +125,7 @@ class SavedTensorCounter:
         return sum(e.nbytes for e in self.entries.values() if pred(e))
 
     def retained_keys(self) -> set[int]:
-        return {k for k, e in self.entries.items() if not e.is_param and e.kinds & {"default", "offload", "other"}}
+        return {k for k, e in self.entries.items() if not e.is_param and e.kinds & RETAINING}
 
     def summary(self, checkpointed_input_keys: set[int]) -> dict:
         retained = self.retained_keys()
@@ -134,6 +143,32 @@ class SavedTensorCounter:
             },
         }
 
+    def per_layer(self, n_layers: int, input_keys: dict[int, int]) -> dict:
+        """The retained bytes (those of ``saved_bytes``) by the decoder layer that keeps them for backward.
+
+        A tensor belongs to the layer whose forward first kept it (a hook that keeps it: autograd's own,
+        offload's; a checkpointed layer only hands tensors to the checkpoint, which keeps none), except a
+        layer's input, which belongs to that layer: a checkpointed layer's input is saved by the checkpoint
+        before the layer's own forward starts.  A tensor several layers save (rotary cos/sin, an attention
+        mask) counts once, in the first layer that kept it.  What no layer kept (the embedding's indices,
+        the final norm's and the head's inputs, the loss's logits) is ``saved_outside_layers_bytes``, so
+        the layers and the outside sum to ``saved_bytes`` exactly.  ``offloaded_bytes_per_layer`` is the
+        part moved to host.
+        """
+        owner = {key: i for i, key in input_keys.items() if i < n_layers}
+        saved, offloaded, outside = [0] * n_layers, [0] * n_layers, 0
+        for key in self.retained_keys():
+            entry = self.entries[key]
+            layer = owner.get(key, entry.layer)
+            if layer is None or not 0 <= layer < n_layers:
+                outside += entry.nbytes
+                continue
+            saved[layer] += entry.nbytes
+            if "offload" in entry.kinds:
+                offloaded[layer] += entry.nbytes
+        return {"saved_bytes_per_layer": saved, "offloaded_bytes_per_layer": offloaded,
+                "saved_outside_layers_bytes": outside}
+
 
 class LayerProbe:
     """Per decoder layer: the storage of its input hidden states, whether backward re-ran it, and when
@@ -142,17 +177,21 @@ class LayerProbe:
     Backward reaches layer i when the gradient of layer i+1's input (the last layer: of its output) is
     complete; a tensor hook on that hidden state says so to ``on_phase`` (``backward-layer-i``, and
     ``backward-embedding`` after layer 0), so the memory probe can name the moment of its peak.  The
-    hooks only observe: they return nothing and keep no tensor alive.
+    hooks only observe: they return nothing and keep no tensor alive.  ``on_mark``, when given, hears
+    ``forward-layer-i`` and ``forward-layer-i-end`` around each layer's forward and ``recompute-layer-i``
+    when backward runs layer i again (the memory timeline's layer marks).
     """
 
-    def __init__(self, serials: StorageSerials, layers: list[torch.nn.Module], on_phase=None):
+    def __init__(self, serials: StorageSerials, layers: list[torch.nn.Module], on_phase=None, on_mark=None):
         self.serials = serials
         self.layers = layers
         self.on_phase = on_phase
+        self.on_mark = on_mark
         self.input_keys: dict[int, int] = {}
         self.recomputed: set[int] = set()
-        self.current: int | None = None  # the layer whose forward runs now (the first forward only)
+        self.current: int | None = None  # the layer whose forward runs now (None between layers)
         self.in_backward = False
+        self._rerun_marked: int | None = None
         self._handles = []
 
     def __enter__(self) -> LayerProbe:
@@ -160,6 +199,7 @@ class LayerProbe:
             self._handles.append(layer.register_forward_pre_hook(self._input_hook(i), with_kwargs=True))
             if i == len(self.layers) - 1:
                 self._handles.append(layer.register_forward_hook(self._output_hook(i)))
+            self._handles.append(layer.register_forward_hook(self._leave_hook(i)))
             for child in layer.children():
                 self._handles.append(child.register_forward_pre_hook(self._rerun_hook(i)))
         return self
@@ -174,6 +214,9 @@ class LayerProbe:
             if self.in_backward:
                 return None
             self.current = i
+            self._rerun_marked = None
+            if self.on_mark is not None:
+                self.on_mark(f"forward-layer-{i}")
             hidden = args[0] if args else kwargs.get("hidden_states")
             if isinstance(hidden, torch.Tensor):
                 self._announce(hidden, f"backward-layer-{i - 1}" if i else "backward-embedding")
@@ -196,6 +239,16 @@ class LayerProbe:
 
         return hook
 
+    def _leave_hook(self, i: int):
+        def hook(module, args, output):
+            if not self.in_backward:
+                self.current = None
+                if self.on_mark is not None:
+                    self.on_mark(f"forward-layer-{i}-end")
+            return None
+
+        return hook
+
     def _announce(self, hidden: torch.Tensor, phase: str) -> None:
         """When `hidden`'s gradient is complete, backward enters `phase`."""
         if self.on_phase is None or not hidden.requires_grad:
@@ -211,6 +264,9 @@ class LayerProbe:
         def hook(module, args):
             if self.in_backward:
                 self.recomputed.add(i)
+                if self.on_mark is not None and self._rerun_marked != i:
+                    self._rerun_marked = i
+                    self.on_mark(f"recompute-layer-{i}")
             return None
 
         return hook

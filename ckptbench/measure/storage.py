@@ -113,6 +113,9 @@ class LiveStorageTracker(TorchDispatchMode):
         # parameter it freed before the tracker was entered: the caller that knows says "params")
         self.resize_category = "activations"
         self._resize_original = None
+        # when set (the memory step's :class:`~.timeline.Timeline` samples), the device total is appended
+        # after every change to it: the running total whose maximum is `peak`
+        self.samples = None
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
@@ -153,6 +156,8 @@ class LiveStorageTracker(TorchDispatchMode):
         else:
             self.by_category[entry[1]] -= entry[0]
             self.total -= entry[0]
+            if self.samples is not None:
+                self.samples.append(self.total)
 
     def to_host(self, key: int | None) -> None:
         """Count a live activation (by storage key) as moved to host memory: it leaves the device total."""
@@ -162,6 +167,8 @@ class LiveStorageTracker(TorchDispatchMode):
             self.total -= entry[0]
             self.host += entry[0]
             entry[1] = "host"
+            if self.samples is not None:
+                self.samples.append(self.total)
 
     def to_device(self, key: int | None) -> None:
         """Count an offloaded activation (by storage key) back on the device, unpacked for backward."""
@@ -174,6 +181,8 @@ class LiveStorageTracker(TorchDispatchMode):
             self._note_peak()
 
     def _note_peak(self) -> None:
+        if self.samples is not None:
+            self.samples.append(self.total)
         self.resident_peak = max(self.resident_peak, self.total + self.host)
         if self.trace:
             self.moment_traces.setdefault(self.moment or self.phase, []).append(self.total)
@@ -210,6 +219,8 @@ class LiveStorageTracker(TorchDispatchMode):
             self.total += delta
         if delta > 0:
             self._note_peak()
+        elif delta < 0 and self.samples is not None:
+            self.samples.append(self.total)
 
     # -- dispatch -----------------------------------------------------------------------------------
     def __enter__(self):

@@ -1,7 +1,8 @@
 """Step timers and their statistics.
 
 CPU steps are timed with ``perf_counter``.  CUDA steps are timed with events recorded on the stream and
-read after one synchronise at the end of the measured window, so the timer itself adds no host stalls.
+read after a synchronise, so the timer adds no host stall inside a step: the stopping rule reads them
+every few steps (:mod:`.stopping`), and once more at the end of the measured window.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ..store.files import atomic_writer
+from .check_format import tolerances_text
 from .columns import CHECK_FIELDS, strategy_order
 
 INLINE_CHECKS = 400  # up to this many checks the page lists every one; past it, the failing ones only
@@ -28,9 +29,13 @@ CSV_FIELDS = ("verdict", "quantity", "setting", "strategy", "case_id", *(f for f
 
 
 def settings(t: pd.DataFrame) -> list[str]:
-    """:func:`~.tables.setting` of every row, built column-wise (one string per point, no row objects)."""
-    return [f"{v} · {s} · batch {b:.0f} · seq {q:.0f}"
-            for v, s, b, q in zip(t["variant"], t["strategy"], t["batch"], t["seq"])]
+    """:func:`~.tables.setting` of every row, built column-wise (one string per point, no row objects),
+    with the seed when the run holds more than one (its points are otherwise named alike)."""
+    names = [f"{v} · {s} · batch {b:.0f} · seq {q:.0f}"
+             for v, s, b, q in zip(t["variant"], t["strategy"], t["batch"], t["seq"])]
+    if "seed" in t.columns and t["seed"].nunique() > 1:
+        names = [n if seed != seed else f"{n} · seed {seed:.0f}" for n, seed in zip(names, t["seed"])]
+    return names
 
 
 def iter_checks(t: pd.DataFrame) -> Iterator[dict]:
@@ -71,9 +76,12 @@ def _count(by: dict[str, dict], c: dict) -> None:
     q = by.get(quantity)
     if q is None:
         q = by[quantity] = {"quantity": quantity, "pass": 0, "fail": 0, "skip": 0,
-                            "lo": math.inf, "hi": -math.inf, "tolerance": c.get("tolerance")}
+                            "lo": math.inf, "hi": -math.inf, "tolerances": set()}
     verdict = str(c.get("verdict"))
     q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
+    tolerance = c.get("tolerance")
+    if isinstance(tolerance, (int, float)):
+        q["tolerances"].add(tolerance)
     ratio = _ratio(c.get("ratio"))
     if ratio is not None:
         if ratio < q["lo"]:
@@ -89,6 +97,7 @@ def _summarise(by: dict[str, dict]) -> list[dict]:
         known = lo <= hi
         q["ratio_range"] = f"{lo:.3f} … {hi:.3f}" if known else "–"
         q["worst"] = (f"{lo:.3f}" if _badness(lo) > _badness(hi) else f"{hi:.3f}") if known else "–"
+        q["tolerance"] = tolerances_text(q.pop("tolerances"))
         out.append(q)
     return out
 

@@ -56,8 +56,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "step_s": ("measurement.step_time_median_s", "num"),
     "step_p90_s": ("measurement.step_time_p90_s", "num"),
     "step_cv": ("measurement.step_time_cv", "num"),
-    "step_ci": ("measurement.step_time_ci95_s", "obj"),  # bootstrap 95 % interval of the median
+    "step_ci": ("measurement.step_time_ci95_s", "obj"),  # the median's interval (order statistics)
+    "step_ci_cov": ("measurement.step_time_ci_coverage", "num"),  # the coverage that interval really has
+    "timed_steps": ("measurement.timed_steps", "num"),
+    "stopped_by": ("measurement.timing_stopped_by", "str"),  # precision | max_steps | max_time | fixed
     "step_times": ("measurement.step_times_s", "obj"),
+    "repeat_medians": ("measurement.repeat_medians_s", "obj"),
+    "threads": ("measurement.threads", "num"),
+    "load_average": ("env.load_average", "str"),  # 1, 5 and 15 minutes, as the point ended
+    "cpu_count": ("env.cpu_count", "num"),
+    "cores_seen": ("placement.cores_seen", "obj"),
     "tok_s": ("measurement.tokens_per_s", "num"),
     "setup_s": ("measurement.setup_s", "num"),
     "losses": ("measurement.losses", "obj"),
@@ -92,12 +100,6 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 # Fields of one entry of record["checks"].
 CHECK_FIELDS = ("quantity", "measured", "estimated", "ratio", "tolerance", "verdict", "difference")
-
-# Environment keys shown first, in this order; any other env.* column follows.
-ENV_FIRST = ("device_name", "driver", "cuda_runtime", "torch", "torch_version", "transformers_version",
-             "accelerate_version", "numpy_version", "python", "platform", "cpu", "cpu_count", "torch_threads",
-             "thread_env", "load_average", "hostname", "git_commit")
-
 
 # Columns of the records frame the report reads besides those of COLUMNS (env.* columns are added too).
 FRAME_EXTRA = ("verdict", "finished_at")
@@ -147,6 +149,8 @@ def record_frame(records: list[dict]) -> pd.DataFrame:
     columns: dict[str, list] = {}
     kinds = {dotted: kind for dotted, kind in COLUMNS.values()}
     for dotted in [*kinds, *FRAME_EXTRA]:
+        if dotted.startswith("env."):  # every env leaf is read below, in the order flattening gives
+            continue
         head, _, key = dotted.rpartition(".")
         values = [d.get(key) for d in parent(head)]
         if kinds.get(dotted) != "obj":
@@ -252,10 +256,3 @@ def strategies(t: pd.DataFrame) -> list[str]:
 def has(t: pd.DataFrame, column: str) -> bool:
     """Whether any record carries this field."""
     return column in t.columns and t[column].notna().any()
-
-
-def env_columns(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """(key, dotted column) for every env.* column, well-known keys first."""
-    keys = [c[4:] for c in frame.columns if c.startswith("env.")]
-    ordered = [k for k in ENV_FIRST if k in keys] + sorted(k for k in keys if k not in ENV_FIRST)
-    return [(k, f"env.{k}") for k in ordered]

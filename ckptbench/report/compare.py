@@ -7,7 +7,9 @@ after it (regressions, one-sided points, noisy points) are stable text that scri
 
 from __future__ import annotations
 
+from ..measure.interval import coverage_label
 from ..store.compare import QUANTITY_BY_KEY, Comparison, PointComparison, format_change
+from ..store.machine_speed import MachineSpeed
 
 
 def format_value(quantity: str, value: float | None) -> str:
@@ -23,7 +25,7 @@ def format_value(quantity: str, value: float | None) -> str:
 
 def _verdict(delta) -> str:
     judged = "" if delta.judged_change is None or delta.change is None or \
-        abs(delta.judged_change - delta.change) < 0.0005 else f" {format_change(delta.judged_change)} vs common"
+        abs(delta.judged_change - delta.change) < 0.0005 else f" {format_change(delta.judged_change)} at equal machine speed"
     p = f"{judged} (p={delta.p_value:.2g})" if delta.p_value is not None else judged
     if delta.regressed:
         return f"[bold red]REGRESSED[/bold red]{p}"
@@ -44,11 +46,32 @@ def _spread_note(point: PointComparison) -> str:
 
 
 def len_note(point: PointComparison) -> str:
+    """Both medians' intervals, each labelled with the coverage it really has."""
     d = next((d for d in point.deltas if d.old_ci), None)
-    if d is None:
+    if d is None or not d.new_ci:
         return "intervals unknown"
-    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms, "
-            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms" if d.new_ci else "intervals unknown")
+    return (f"old median in [{d.old_ci[0] * 1e3:.2f}, {d.old_ci[1] * 1e3:.2f}] ms ({_cover(d.old_ci_coverage)}), "
+            f"new in [{d.new_ci[0] * 1e3:.2f}, {d.new_ci[1] * 1e3:.2f}] ms ({_cover(d.new_ci_coverage)})")
+
+
+def speed_line(speed: MachineSpeed) -> str:
+    """The machine's measured speed change between the runs, and what compare did with it: one line."""
+    if speed.state == "unknown":
+        return (f"machine speed: not measured on both sides ({speed.why}); raw changes are judged, so a machine "
+                "slower today reads as a slowdown of every point")
+    measured = (f"the calibration kernel ({speed.kernel}) took {format_change(speed.ratio - 1)} in new "
+                f"({speed.old_s * 1e3:.2f} -> {speed.new_s * 1e3:.2f} ms, {speed.readings[0]} vs {speed.readings[1]} "
+                f"readings, two-sided Welch p={speed.p_value:.2g} over {speed.unit})")
+    if speed.state == "corrected":
+        return (f"machine speed: {measured}: beyond its noise, so new times are divided by {speed.ratio:.3f} "
+                "before they are judged (--no-drift-correction: raw)")
+    if speed.state == "not corrected":
+        return f"machine speed: {measured}: beyond its noise, but --no-drift-correction: raw changes are judged"
+    return f"machine speed: {measured}: within its noise, so raw changes are judged"
+
+
+def _cover(value) -> str:
+    return f"{coverage_label(value)} interval" if value is not None else "interval of unstated coverage"
 
 
 def _name(point) -> str:
@@ -129,20 +152,18 @@ def summary_lines(comparison: Comparison, limit: int | None = None) -> list[str]
     lines = [f"note: {p}" for p in comparison.problems]
     if comparison.env_changes:
         lines.append("environment changed: " + "; ".join(comparison.env_changes))
-    shift = comparison.common_shift
-    if shift is not None:
-        lines.append(f"common shift: the points' step times moved together by {shift:+.1%} (median of the "
-                     f"ratios); each time verdict is judged relative to it")
-        if abs(shift) > t.time:
-            lines.append(f"COMMON SHIFT {shift:+.1%} beyond the {t.time:.0%} time threshold: the machine, or a change "
-                         "that moves every point alike; two runs cannot tell which: rerun both on one quiet machine")
+    lines.append(speed_line(comparison.machine_speed))
+    moved = comparison.median_change
+    if moved is not None:
+        lines.append(f"median step-time change over the points: {moved:+.1%} (stated, never divided out: only the "
+                     "calibration kernel's measured speed is)")
     noisy, one_sided, regressed = [], [], []
     for p in comparison.noisy:
         tested = [d for d in p.deltas if d.verdict == "noisy"]
         if tested:
             d = tested[0]
             noisy.append(f"noisy comparison: {_name(p)}: {d.label} {format_change(d.change)} is beyond the "
-                         f"{t.time:.0%} threshold but not significant (Mann-Whitney p={d.p_value:.2g}, "
+                         f"{t.time:.0%} threshold but not significant (Welch p={d.p_value:.2g}, "
                          f"{len_note(p)}); run more steps or --repeat before trusting it")
         else:
             noisy.append(f"noisy comparison: {_name(p)}: step-time spread ({_spread_note(p)}) is wider "

@@ -233,33 +233,6 @@ def comm_vs_k(t: pd.DataFrame) -> Figure | None:
                   "Median over points with the same K.")
 
 
-def loss_vs_step(t: pd.DataFrame) -> Figure | None:
-    dist = t[(t["world"] > 1) & t["ok"]]
-    dist = dist[[isinstance(v, list) and len(v) > 0 for v in dist["losses"]]]
-    if dist.empty:
-        return None
-    ks = sorted(dist["K"].unique())
-    colors = _colors([_k_label(k) for k in ks])
-    with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(7.0, 4.2))
-        for k in ks:
-            r = dist[dist["K"] == k].iloc[0]
-            label = _k_label(k)
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], color=colors[label], label=f"{label} (rank 0)")
-            ranks = r["loss_per_rank"]
-            if isinstance(ranks, list) and ranks and all(isinstance(x, list) and x for x in ranks):
-                n = min(len(x) for x in ranks)
-                lo = [min(x[i] for x in ranks) for i in range(n)]
-                hi = [max(x[i] for x in ranks) for i in range(n)]
-                ax.fill_between(range(1, n + 1), lo, hi, color=colors[label], alpha=0.2)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(frameon=False)
-        uri = _encode(fig)
-    return Figure("Loss vs step per K", uri, "training loss per step for each K",
-                  "Line: rank 0; shaded: min–max over ranks when per-rank losses were recorded.")
-
-
 def checkpointing_figures(t: pd.DataFrame) -> list[Figure]:
     figs = [memory_vs(t, "seq"), memory_vs(t, "batch")]
     if not any(figs):

@@ -17,8 +17,21 @@ import jinja2
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
-from . import checks, figures, localsgd_quality, network_section, plan_section, scatters, tables
-from .columns import has, record_frame, strategies, tidy
+from . import (
+    check_format,
+    checks,
+    env_table,
+    figures,
+    headline,
+    localsgd_quality,
+    loss_curves,
+    network_section,
+    plan_section,
+    scatters,
+    tables,
+    timeline,
+)
+from .columns import record_frame, strategies, tidy
 
 SUITE_FILE = "suite.toml"
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -30,6 +43,7 @@ SECTIONS = (
     ("pareto", "Time vs memory"),
     ("checks", "Estimate checks"),
     ("breakdown", "Memory breakdown"),
+    ("timeline", "Memory timeline"),  # left out of the contents too when no record has a timeline
     ("localsgd", "Local SGD"),
     ("plan", "Plan"),
     ("failures", "Failures"),
@@ -103,7 +117,8 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d = ctx.data
     d["suite"] = suite
     d["n_records"] = len(loaded.records)
-    d["env"] = _guard(ctx, "environment", lambda: tables.environment(frame), []) if t is not None else []
+    d["env"] = _guard(ctx, "environment", lambda: env_table.environment_table(
+        frame, checks.settings(t) if t is not None else None), env_table.EnvTable())
     if t is None:
         ctx.problems.append("no readable records: nothing was measured, or the records file is empty "
                             "or unreadable" if not loaded.problems else
@@ -117,9 +132,9 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["strategies"] = strategies(t)
     finished = frame["finished_at"].dropna().astype(str) if "finished_at" in frame.columns else []
     d["finished"] = (min(finished), max(finished)) if len(finished) else None
-    ok = t[t["ok"]]
 
-    d["headline"] = _guard(ctx, "headline", lambda: tables.headline(t, suite.budgets_gib), [])
+    d["headline"] = _guard(ctx, "headline", lambda: headline.headline(t, suite.budgets_gib), [])
+    d["load"] = _guard(ctx, "headline", lambda: headline.load_text(headline.load_note(t)), "")
     d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
     d["offload_notes"] = tables.offload_notes(t)
 
@@ -137,15 +152,19 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         [{"quantity": "peak_bytes (simulated)", "measured": r["measured"], "estimated": r["simulated"]}
          for r in d["simulated"]], title="Measured vs simulated", estimate_label="simulated"))
     d["check_fig"] = _guard(ctx, "checks", lambda: scatters.estimate_vs_measured(table.points))
-    d["has_estimate"] = has(t, "est_peak") or has(t, "est_after_fwd")
     d["breakdown_fig"] = _guard(ctx, "breakdown", lambda: figures.breakdown(single))
+    d["timeline_figs"], d["timeline_note"] = _guard(ctx, "timeline", lambda: timeline.timeline_figures(
+        loaded.records, t, run_dir), ([], ""))
     d["localsgd"] = _guard(ctx, "local SGD", lambda: tables.local_sgd_rows(t), [])
-    d["localsgd_figs"] = [f for f in (_guard(ctx, "local SGD", lambda fn=fn: fn(t)) for fn in
-                                      (figures.comm_vs_k, figures.loss_vs_step)) if f is not None]
+    d["comm_fig"] = _guard(ctx, "local SGD", lambda: figures.comm_vs_k(t))
+    d["loss_fig"] = _guard(ctx, "local SGD", lambda: loss_curves.training_loss(t))
     d["quality"] = _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_rows(t), [])
-    d["quality_figs"] = [f for f in (_guard(ctx, "local SGD quality", lambda: localsgd_quality.eval_curves(t)),
-                                     _guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_vs_saved(
-                                         d["quality"]))) if f is not None]
+    d["quality_seeds"] = _guard(ctx, "local SGD quality", lambda: localsgd_quality.seed_rows(t), [])
+    d["quality_note"] = localsgd_quality.INTERVAL_NOTE
+    d["quality_figs"] = [f for f in (_guard(ctx, "local SGD quality", lambda: localsgd_quality.gap_vs_saved(
+                                         d["quality"])),
+                                     _guard(ctx, "local SGD quality", lambda: localsgd_quality.eval_curves(t)))
+                         if f is not None]
     d["network"] = _guard(ctx, "network projection", lambda: network_section.projection(t))
     d["network_fig"] = _guard(ctx, "network projection", lambda: network_section.projection_figure(d["network"]))
     d["failures"] = tables.failure_rows(t)
@@ -161,11 +180,12 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
         "headline": True,
         "memory": bool(d["memory_figs"]),
         "pareto": bool(d["pareto_figs"]),
-        "checks": not ok.empty,
+        "checks": bool(d["checks_total"]),
         "breakdown": d["breakdown_fig"] is not None,
-        "localsgd": bool(d["localsgd"]) or bool(d["localsgd_figs"]) or bool(d["quality"]) or bool(d["network"]),
+        "timeline": bool(d["timeline_figs"] or d["timeline_note"]),  # a note: timelines there, none readable
+        "localsgd": bool(d["localsgd"] or d["comm_fig"] or d["loss_fig"] or d["quality"] or d["network"]),
         "plan": bool(d.get("plan")),
-        "failures": True,
+        "failures": bool(d["failures"]),
         "baseline": baseline_dir is not None,
         "environment": True,
     }
@@ -186,6 +206,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["bytes"] = tables.fmt_bytes
     env.filters["num"] = tables.fmt_num
+    env.filters["check_cells"] = check_format.cells
     return env
 
 

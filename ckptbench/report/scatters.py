@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..measure.interval import coverage_label
 from .figures import (
     DENSE,
     MAX_PANELS,
@@ -84,7 +85,7 @@ def pareto(t: pd.DataFrame) -> Figure | None:
 
 def _scatter_front(ax, ok, names, colors, front, y, scale) -> int:
     """Every point of `ok` by series (thinned past DENSE, :func:`_thin`), the front joined and circled;
-    step times get their bootstrap intervals, on the front's points only when the points were thinned.
+    step times get their medians' intervals, on the front's points only when the points were thinned.
     Returns how many markers were drawn (the front's circles aside)."""
     thin = len(ok) >= DENSE
     span = _span(ok["peak"].to_numpy(float) / MIB, ok[y].to_numpy(float) * scale) if thin else None
@@ -97,7 +98,7 @@ def _scatter_front(ax, ok, names, colors, front, y, scale) -> int:
         drawn += len(keep)
         ax.scatter(px[keep], py[keep], label=name, s=36, zorder=3, marker=style["marker"],
                    facecolors="none" if "markerfacecolor" in style else colors[name], edgecolors=colors[name])
-        if y == "step_s" and "step_ci_lo" in s:  # the median's bootstrap 95 % interval, where there is one
+        if y == "step_s" and "step_ci_lo" in s:  # the median's order-statistic interval, where there is one
             ci = (front[front["series"] == name] if thin else s).dropna(subset=["step_ci_lo", "step_ci_hi"])
             if not ci.empty:
                 ax.errorbar(ci["peak"] / MIB, ci[y] * scale,
@@ -150,10 +151,20 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
                   "median step time against peak memory per workload, with the Pareto front",
                   f"Within each panel the work per step is the same; circled points form that panel's Pareto "
                   f"front (no other strategy is both faster and smaller). {on_front} of {len(ok)} points are "
-                  f"on a front. Error bars: bootstrap 95 % interval of each median over its timed steps "
-                  f"(repeats pooled; none with fewer than 3 steps)"
+                  f"on a front. Error bars: order-statistic interval of each median over its timed steps "
+                  f"(over one median per repeat from 3 repeats; none with fewer than 3), covering "
+                  f"{_coverages(ok)}"
                   f"{f', on the front points of panels of {DENSE} points or more' if thinned else ''}."
                   f"{thinned_note(shown, drawn)}")
+
+
+def _coverages(ok: pd.DataFrame) -> str:
+    """The coverage the error bars really have: one figure, or the range over the points."""
+    cov = ok["step_ci_cov"].dropna() if "step_ci_cov" in ok else pd.Series(dtype=float)
+    if cov.empty:
+        return "a coverage the records do not state (records from before it was stated)"
+    lo, hi = cov.min(), cov.max()
+    return coverage_label(lo) if lo == hi else f"{coverage_label(lo)} to {coverage_label(hi)}, by the number of steps"
 
 
 def estimate_vs_measured(rows: list[dict], title: str = "Measured vs estimate",

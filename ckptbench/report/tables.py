@@ -12,8 +12,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..measure.interval import coverage_label
+from ..store.repeats import MIN_REPEATS_AS_UNIT
 from ..store.stats import ratio_cis
-from .columns import env_columns, strategies
+from .columns import strategies
 
 GIB = 2**30
 
@@ -64,33 +66,6 @@ def pareto_mask(x: pd.Series, y: pd.Series, maximize_y: bool = False) -> pd.Seri
     return pd.Series(mask, index=x.index)
 
 
-def headline(t: pd.DataFrame, budgets_gib: tuple[float, ...]) -> list[dict]:
-    """Best setting per question, each with the number that makes it best."""
-    ok = t[t["ok"]]
-    rows = []
-    peak = ok.dropna(subset=["peak"])
-    if len(peak):
-        best = peak.loc[peak["peak"].idxmin()]
-        rows.append({"question": "Lowest peak memory", "answer": setting(best),
-                     "value": fmt_bytes(best["peak"])})
-    fast = ok.dropna(subset=["tok_s"])
-    if len(fast):
-        best = fast.loc[fast["tok_s"].idxmax()]
-        rows.append({"question": "Fastest (tokens/s)", "answer": setting(best),
-                     "value": f"{best['tok_s']:.0f} tokens/s"})
-    for budget in budgets_gib:
-        within = fast.dropna(subset=["peak"])
-        within = within[within["peak"] <= budget * GIB]
-        question = f"Fastest within {budget:g} GiB"
-        if len(within):
-            best = within.loc[within["tok_s"].idxmax()]
-            rows.append({"question": question, "answer": setting(best),
-                         "value": f"{best['tok_s']:.0f} tokens/s at {fmt_bytes(best['peak'])}"})
-        else:
-            rows.append({"question": question, "answer": "no measured point fits", "value": "–"})
-    return rows
-
-
 def _range(values: list[float], fmt) -> str:
     if not values:
         return "–"
@@ -104,12 +79,13 @@ def savings(t: pd.DataFrame) -> list[dict]:
     """Each checkpointing strategy against 'none' at the same variant, batch and sequence length.
 
     Saving is 1 − strategy/none in percent (positive = less memory); cost is the step-time ratio ×.
-    With several matched points the median is shown with the range; ``time_x_ci`` spans the bootstrap 95 %
-    intervals of the matched points' time ratios (each side's step times resampled on its own).
+    With several matched points the median is shown with the range; ``time_x_ci`` spans the matched points'
+    ratio intervals (from each side's order-statistic interval of its median), labelled with the lowest
+    coverage among them (at least the product of the two sides' coverages).
     """
     ok = t[t["ok"]]
     key = ["variant", "batch", "seq"]
-    cols = key + ["peak", "after_fwd", "step_s", "tok_s", "step_times"]
+    cols = key + ["peak", "after_fwd", "step_s", "tok_s", "step_times", "repeat_medians"]
     base = ok[ok["strategy"] == "none"].drop_duplicates(subset=key)[cols]
     rows = []
     for strat in strategies(ok):
@@ -120,8 +96,8 @@ def savings(t: pd.DataFrame) -> list[dict]:
         fwd = _saving(m, "after_fwd")
         timed = m[(m["step_s_b"] > 0) & m["step_s"].notna()]
         time_x = list(timed["step_s"] / timed["step_s_b"])
-        time_ci = [ci for ci in ratio_cis([(_list(a), _list(b)) for a, b in zip(timed["step_times"],
-                                                                               timed["step_times_b"])]) if ci]
+        time_ci = [ci for ci in ratio_cis([(_samples(a, ra), _samples(b, rb)) for a, ra, b, rb in zip(
+            timed["step_times"], timed["repeat_medians"], timed["step_times_b"], timed["repeat_medians_b"])]) if ci]
         tok = m[(m["tok_s_b"] > 0) & m["tok_s"].notna()]
         tok_x = list(tok["tok_s"] / tok["tok_s_b"])
         if not (peak or fwd or time_x):
@@ -130,9 +106,9 @@ def savings(t: pd.DataFrame) -> list[dict]:
                      "peak_saving": _range(peak, lambda v: f"{v:.1f} %"),
                      "fwd_saving": _range(fwd, lambda v: f"{v:.1f} %"),
                      "time_x": _range(time_x, lambda v: f"{v:.2f}×"),
-                     # bootstrap 95 % intervals of each point's ratio of medians: their envelope
-                     "time_x_ci": (f"[{min(lo for lo, _ in time_ci):.2f}×, {max(hi for _, hi in time_ci):.2f}×]"
-                                   if time_ci else "–"),
+                     # each point's interval of its ratio of medians: their envelope, at the lowest coverage
+                     "time_x_ci": (f"[{min(ci.low for ci in time_ci):.2f}×, {max(ci.high for ci in time_ci):.2f}×] "
+                                   f"(≥ {coverage_label(min(ci.coverage for ci in time_ci))})" if time_ci else "–"),
                      "tok_x": _range(tok_x, lambda v: f"{v:.2f}×")})
     return rows
 
@@ -145,6 +121,12 @@ def _saving(m: pd.DataFrame, col: str) -> list[float]:
 
 def _list(value) -> list:
     return value if isinstance(value, list) else []
+
+
+def _samples(steps, repeat_medians) -> list:
+    """What a point's time interval is over: one median per repeat from 3 repeats, else every step."""
+    medians = _list(repeat_medians)
+    return medians if len(medians) >= MIN_REPEATS_AS_UNIT else _list(steps)
 
 
 def record_verdicts(frame: pd.DataFrame) -> list[tuple[str, int]]:
@@ -166,22 +148,13 @@ def offload_notes(t: pd.DataFrame) -> list[str]:
     return sorted({n for n in t["offload_note"] if n})
 
 
-def environment(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """Every env key with its value(s); a key whose value differs between records lists all values."""
-    rows = []
-    for key, col in env_columns(frame):
-        values = sorted({str(v) for v in frame[col] if v is not None and not (isinstance(v, float) and
-                                                                               math.isnan(v))})
-        rows.append((key, ", ".join(values) if values else "–"))
-    return rows
-
-
 def local_sgd_rows(t: pd.DataFrame) -> list[dict]:
-    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq"])
+    dist = t[(t["world"] > 1) & t["ok"]].sort_values(["K", "variant", "strategy", "batch", "seq", "seed"])
     rows = []
     for _, r in dist.iterrows():
         losses = r["losses"] if isinstance(r["losses"], list) else []
         rows.append({"setting": setting(r), "K": "DDP" if not r["K"] else f"{r['K']:.0f}",
+                     "seed": "–" if math.isnan(r["seed"]) else f"{r['seed']:.0f}",
                      "world": f"{r['world']:.0f}", "payload": fmt_bytes(r["comm_payload"]),
                      "bus": fmt_bytes(r["comm_bus"]), "collectives": fmt_num(r["collectives"]),
                      "sync": fmt_num(r["sync_s"] * 1e3 if not math.isnan(r["sync_s"]) else r["sync_s"]),

@@ -242,6 +242,9 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "compute_time_s": compute_time(timed),
         "final_divergence": s["final_divergence"],
         "step_times_s": step_times,
+        # a multi-rank point times the fixed [train] steps: its averaging schedule and loss curves must be
+        # the same at every K, so no rank stops early (the interval is drawn when the record is read)
+        "timed_steps": len(step_times), "timing_stopped_by": "fixed",
         "step_time_median_s": median,
         "tokens_per_s": case.tokens_per_step / median if median else None,
         "activations_after_forward_bytes": (r0["forward_live_bytes"] or [None])[0],

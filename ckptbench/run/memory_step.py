@@ -2,9 +2,10 @@
 
 The manual and Accelerate loops call the marks from their own step code; under ``Trainer`` a callback and
 two module hooks call them (:mod:`ckptbench.train.loops`).  Whatever the loop, the memory step means the
-same: the memory probe over the whole step (its phases named), the saved-tensor counter over the first
-micro-batch's forward, the layer probe (what was checkpointed and recomputed, when backward reached each
-layer) and the FLOP counter.  The probes only observe; nothing here changes what the step does.
+same: the memory probe over the whole step (its phases named, its timeline marked by phase and layer), the
+saved-tensor counter over the first micro-batch's forward (what each decoder layer keeps for backward),
+the layer probe (what was checkpointed and recomputed, when backward reached each layer) and the FLOP
+counter.  The probes only observe; nothing here changes what the step does.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ class MemoryStepMarks:
 
     def start(self, model, optimizer, inputs: list[torch.Tensor]) -> None:
         device = inputs[0].device
-        self.probe = probe_for(device, model, optimizer, inputs)
+        self.probe = probe_for(device, model, optimizer, inputs, timeline=True)
         serials = StorageSerials()
         param_keys = {serials(p) for p in model.parameters()}
-        self.layer_probe = LayerProbe(serials, self.layers, on_phase=self.probe.set_phase)
+        self.layer_probe = LayerProbe(serials, self.layers, on_phase=self.probe.set_phase, on_mark=self.probe.mark)
         self.counter = SavedTensorCounter(serials, param_keys, layer_of=lambda: self.layer_probe.current)
         self.flops = FlopCounter()
         self.micro = 0
@@ -89,6 +90,7 @@ class MemoryStepMarks:
         # what torch's checkpoint really packed, layer by layer: never what the setting says it should
         checkpointed = sorted(self.counter.checkpoint_layers)
         out.update(self.counter.summary(self.layer_probe.keys_of(checkpointed)))
+        out.update(self.counter.per_layer(len(self.layers), self.layer_probe.input_keys))
         out["checkpointed_layers"] = checkpointed
         out["recomputed_layers"] = sorted(self.layer_probe.recomputed)
         out.update(self.flops.result())

@@ -19,6 +19,7 @@ from ..errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
 from ..spec import Case, Suite
 from ..store.files import write_text_atomic
+from ..store.load import record_load
 from ..store.records import RecordStore
 from .environment import host_part, machine_environment
 from .fits import WORKER_BASELINE_BYTES, too_big
@@ -27,6 +28,7 @@ from .nodes import Nodes
 from .scheduler import Running, StopRequest, run_on_slots
 from .shards import SweepLock
 from .slots import Placement, sweep_slots
+from .speed_reading import take_readings
 
 # Variables that set a math library's thread count behind torch's back.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -53,6 +55,7 @@ class SweepOptions:
     retry: tuple[str, ...] = ()  # --retry: statuses --resume runs again, until a point has had max_attempts runs
     max_attempts: int = MAX_ATTEMPTS
     faults: dict = field(default_factory=dict)  # case id -> Fault (every repeat); tests only
+    calibrate: bool = True  # time the calibration kernel at the start and the end (what compare divides by)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class SweepResult:
     planned: list[Case]
     skipped_ids: list[str]
     records: list[dict]
+    notes: list[str] = field(default_factory=list)  # what went wrong beside the points (a calibration reading)
 
 
 def plan(suite: Suite, shard: tuple[int, int] = (1, 1)) -> list[Case]:
@@ -275,12 +279,22 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}
         if "cores_seen" in result:
             record["placement"]["cores_seen"] = result["cores_seen"]
+        if record["status"] == "ok":  # was the machine loaded, and did the point's threads fight for its cores
+            record["load"] = record_load(record)
         store.append(record)
         records.append(record)
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
-    if any(case.world_size == 1 for case, _ in todo):
+    forked = any(case.world_size == 1 for case, _ in todo)
+    if forked:
         start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
+
+    def calibration(at: str) -> list[str]:  # the machine's speed now: what compare tells drift from change by
+        return take_readings(options.out_dir, at, [c for c, _ in todo], forked, shard, options.job) \
+            if options.calibrate else []
+
+    notes = calibration("start")
     run_on_slots(todo, slots, start, finish, not_started, on_running, stop)
-    return SweepResult(options.out_dir, planned, skipped, records)
+    notes += calibration("end")
+    return SweepResult(options.out_dir, planned, skipped, records, notes)

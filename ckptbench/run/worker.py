@@ -18,7 +18,9 @@ import traceback
 import torch
 
 from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
+from ..measure.interval import median_interval, record_fields
 from ..measure.steps import step_probe_for
+from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
 from ..spec import Case
 from ..store.files import write_json_atomic
@@ -47,15 +49,20 @@ def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
 
 class StepSchedule:
     """Which optimizer step is which (warm-up, memory, timed) and what runs around each: the clean steps'
-    probe (CUDA allocator peaks, window energy), the timer of the timed steps, an injected slowdown.
+    probe (CUDA allocator peaks, window energy), the timer of the timed steps, an injected slowdown, and
+    when the timed steps stop (:class:`~ckptbench.measure.stopping.StopRule`: the median's 95 % interval
+    within ±precision, or a cap).
 
-    Every loop (:mod:`ckptbench.train.loops`) reports its steps here, so the steps mean the same whatever
-    loop ran them."""
+    Every loop (:mod:`ckptbench.train.loops`) runs the steps this yields (``for k in schedule``) and
+    reports each here, so the steps mean the same whatever loop ran them.  ``total`` is the most there
+    can be (a loop that must say so in advance, Trainer's ``max_steps``, stops early on :attr:`done`)."""
 
-    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None):
+    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None,
+                 time_left_s: float | None = None):
         t = case.train
-        self.warmup, self.memory, self.timed = t.warmup_steps, t.memory_steps, t.steps
-        self.total = self.warmup + self.memory + self.timed
+        self.rule = StopRule.of(t, device.type, time_left_s)
+        self.warmup, self.memory = t.warmup_steps, t.memory_steps
+        self.total = self.warmup + self.memory + self.rule.max_steps
         self.fault = fault
         self.marks = MemoryStepMarks(layers)
         self.steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
@@ -64,6 +71,19 @@ class StepSchedule:
         self.mem: dict = {}
         self._window: str | None = None
         self.stats: StepStats | None = None
+        self.stopped_by: str | None = None  # "precision" | "max_steps" | "max_time", once timing stops
+        self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
+        self._t_timed: float | None = None
+
+    def __iter__(self):
+        k = 0
+        while not self.done:
+            yield k
+            k += 1
+
+    @property
+    def done(self) -> bool:
+        return self.stopped_by is not None
 
     def kind(self, k: int) -> str:
         return "warmup" if k < self.warmup else "memory" if k < self.warmup + self.memory else "timed"
@@ -80,6 +100,8 @@ class StepSchedule:
         if kind == "timed":
             self.timer.start()
             self._t_step = time.perf_counter()
+            if self._t_timed is None:
+                self._t_timed = self._t_step
 
     def end(self, k: int, loss) -> None:
         kind = self.kind(k)
@@ -95,10 +117,16 @@ class StepSchedule:
         else:
             self.steps.after_step()
             self.losses.append(loss)
+        if kind == "timed":
+            n = k - self.warmup - self.memory + 1
+            if self.rule.due(n):  # on CUDA a synchronise, every few steps (StopRule.check_every)
+                times = self.timer.times()
+                self.timed_s = time.perf_counter() - self._t_timed
+                self.stopped_by = self.rule.verdict(times, self.timed_s)
 
     def _close(self) -> None:
         if self._window == "timed":
-            self.stats = StepStats.of(self.timer.times())  # the window's one synchronise (CUDA)
+            self.stats = StepStats.of(self.timer.times())  # the window's last synchronise (CUDA)
         if self._window in ("warmup", "timed"):
             self.steps.end()
 
@@ -107,13 +135,24 @@ class StepSchedule:
         self._window = None
         return self.stats
 
+    def timing(self) -> dict:
+        """The record's account of the timed steps: how many, why they stopped, what was asked, and the
+        median's interval with its method and the coverage it really has."""
+        times = list(self.stats.times_s) if self.stats else []
+        interval = median_interval(times)
+        return {"timed_steps": len(times), "timing_stopped_by": self.stopped_by,
+                "timing_target": self.rule.to_dict(), "timing_window_s": self.timed_s,
+                **record_fields(interval)}
+
 
 class Unsupported(Exception):
     """The point cannot run on this machine at all (not a failure of the setting): recorded as such."""
 
 
-def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None) -> dict:
-    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement."""
+def measure(case: Case, t_submit: float | None = None, fault: Fault | None = None,
+            timeout_s: float | None = None) -> dict:
+    """Build the model for `case`, train warm-up + memory + timed steps, return the measurement.  With the
+    worker's `timeout_s`, the timed steps stop in time (:meth:`StopRule.of`)."""
     t_enter = time.time()
     torch.set_num_threads(case.train.threads)
     torch.manual_seed(case.train.seed)
@@ -133,7 +172,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
             raise Unsupported(f"transformers could not build a causal LM of model_type {case.model.family!r}: "
                               f"{type(exc).__name__}: {exc}"[:500]) from None
         layers = decoder_layers(model)
-        if case.every_n_layers > 0 and not layers:
+        if case.checkpointed_layers and not layers:
             raise Unsupported(f"{type(model).__name__} has no GradientCheckpointingLayer blocks: transformers "
                               "cannot checkpoint it layer by layer")
         refusal = setup_refusal(case)
@@ -151,7 +190,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         checkpointing_api = loop.checkpointing_api
         t_ready = time.time()
 
-        schedule = StepSchedule(case, device, layers, fault)
+        time_left = timeout_s - (time.time() - t_enter) if timeout_s else None
+        schedule = StepSchedule(case, device, layers, fault, time_left)
         loop.run(schedule)
         stats = schedule.finish()
         mem = schedule.mem
@@ -179,8 +219,9 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,
+        **schedule.timing(),
         "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
-                  "timed": case.train.steps, "memory_steps_timed": False},
+                  "timed": len(stats.times_s), "memory_steps_timed": False},
         "spawn_s": (t_enter - t_submit) if t_submit else None,
         "setup_s": (t_ready - t_submit) if t_submit else None,
         "model_build_s": t_ready - t_enter,
@@ -300,7 +341,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
-        result["measurement"] = measure(case, t_submit, fault)
+        result["measurement"] = measure(case, t_submit, fault, timeout_s)
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

@@ -14,20 +14,33 @@ Verdicts, and why the defaults are what they are:
   rounding, so a couple of percent is a real change, not noise.
   Checkpointed-input bytes are shown but do not gate: a change there also moves saved activations.
 - **Time** regresses when the median step time grows, or tokens/s drops, by more than ``--fail-time``
-  (default 10%) *and* the step times say so: a one-sided Mann–Whitney U test gives p < 0.05, over one
-  median per repeat when both runs have 3 or more repeats (steps of one worker share its conditions,
-  so they are not independent samples), else over every timed step.  Medians, because one slow step (a page fault, a
-  neighbour) should not decide; a rank test, because step times are not normal.  A change beyond the
-  threshold that is not significant is *noisy* (run more steps, or ``--repeat``), never a regression: a
-  run of 3 steps cannot prove anything about a 10% shift, and saying so is the honest answer.  Each
-  time delta carries its p-value and both medians' bootstrap 95% intervals (``--json``).  Records
-  without per-step times (older files, benchmark JSON without ``data``) are judged on the threshold
-  alone and marked *untested*.
-- **Common shift**: with 4 or more points on both sides, the median of their step-time ratios is the
-  shift every point shares (a slower machine today moves all of them); time is judged relative to it,
-  and the shift itself is stated on its own line, flagged when beyond the threshold, without failing:
-  from two runs alone a slower machine and a change that slows every point alike cannot be told apart.
-  ``--no-drift-correction`` judges the raw change instead.
+  (default 10%) *and* the times say so: a one-sided Welch t-test on the logarithms of the two runs' time
+  samples gives p < 0.05.  A run's samples are one median per repeat when it has 3 or more repeats
+  (steps of one worker share its conditions, so they are not independent samples), else every timed
+  step.  Logarithms, because step times are skewed and a slowdown multiplies them; a t-test, because a
+  rank test cannot reach significance with what a default run has (Mann–Whitney over 3 samples against
+  3 never gives p below 0.05, so a doubled step time read "noisy").  A change beyond the threshold that
+  is not significant is *noisy* (run more steps, or ``--repeat``), never a regression.  Records without
+  per-step times (older files, benchmark JSON without ``data``) are judged on the threshold alone and
+  marked *untested*.  What this rule costs and finds, simulated with step noise fitted to the reference
+  run and a 5% machine factor per run (``docs/compare-statistics.md``, ``scripts/compare_statistics.py``),
+  per point: with calibration readings on both sides (and a kernel that feels the machine's state as the
+  steps do; the document has the cases where it does not), 0.8% false alarms at 1 run × 3 steps and 0.0% at
+  3 repeats; a 2× slowdown found 99.7% / 100% of the time, a 20% one 74% / 96%, a uniform 30% one 83% /
+  98%.  Without readings (older runs) false alarms rise to 8.6% / 9.8%: the machine's state in each run
+  is shared by all its steps, and no test within a run can see it.  Over 20 points at 1 × 3, 15% of
+  comparisons of two unchanged runs flag at least one point (0.6% at 3 repeats): gate CI on ``--repeat 3``.
+- **Machine speed**: each sweep times a fixed fp32 matmul at its start and at its end, two readings each
+  (``calibration.jsonl`` beside the records).  When the kernel's new/old time ratio is beyond its readings'
+  noise (a two-sided Welch t-test on the log of each reading's median, p < 0.05), the new times are
+  divided by that ratio before they are judged (the test's variance includes the ratio's), and a line
+  says so; otherwise, or without readings on both sides (runs from before them, pytest-benchmark files),
+  raw changes are judged and the line says that.  A change that slows every point alike while the kernel
+  stays the same is a regression of every point.  ``--no-drift-correction`` judges raw changes always.
+  The median change over all points is stated too, never divided out.
+- **Intervals**: each time delta carries its p-value, the test it came from, and both medians' intervals
+  (``--json``), order-statistic intervals each labelled with the coverage it really has (95% or more
+  from 6 samples on; over 3 samples the interval is their range, which holds the median 75% of the time).
 - **Status**: a point that was ``ok`` and now is not (oom, timeout, crash, ...) is a regression.
 - **One-sided points** (in OLD only or NEW only) are listed, never dropped, but do not by themselves fail
   the comparison: adding or retiring points is how suites evolve, and a removed point cannot hide a
@@ -44,9 +57,20 @@ import math
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 
 from ..errors import UsageError
+from .comparison import (
+    DEFAULT_MEMORY_THRESHOLD,
+    DEFAULT_TIME_THRESHOLD,
+    Comparison,
+    Delta,
+    PointComparison,
+    Thresholds,
+    format_change,
+    parse_percent,
+)
+from .machine_speed import MachineSpeed, load_readings, machine_speed
 from .points import (
     BENCHMARK,
     QUANTITIES,
@@ -62,147 +86,31 @@ from .points import (
     record_label,
 )
 from .records import RECORDS
-from .stats import ALPHA, median_cis, p_values
+from .significance import p_values, verdict
+from .stats import median_cis
 
-__all__ = ["BENCHMARK", "QUANTITIES", "QUANTITY_BY_KEY", "SWEEP", "Comparison", "Delta", "Point", "PointComparison",
-           "Quantity", "Thresholds", "compare_paths", "compare_points", "compare_runs", "format_change", "load_side",
-           "parse_percent", "record_label"]
+__all__ = ["BENCHMARK", "DEFAULT_MEMORY_THRESHOLD", "DEFAULT_TIME_THRESHOLD", "QUANTITIES", "QUANTITY_BY_KEY",
+           "SWEEP", "Comparison", "Delta", "Point", "PointComparison", "Quantity", "Thresholds", "compare_paths",
+           "compare_points", "compare_runs", "format_change", "load_side", "parse_percent", "record_label"]
 
-DEFAULT_MEMORY_THRESHOLD = 0.02
-DEFAULT_TIME_THRESHOLD = 0.10
 HELP = __doc__.split("\n\nFor other code")[0]  # the docstring without its note for programmers
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Relative changes (0.02 = 2%) beyond which a quantity counts as a regression."""
-
-    memory: float = DEFAULT_MEMORY_THRESHOLD
-    time: float = DEFAULT_TIME_THRESHOLD
-    drift: bool = True  # judge time relative to the shift every point shares (see common_shift)
-
-    def for_kind(self, kind: str) -> float:
-        return self.memory if kind == "memory" else self.time
-
-
-def parse_percent(text: str) -> float:
-    """``"2%"``, ``"2"`` and ``"2.5%"`` are percentages; returns the fraction (0.02).
-
-    A bare number means percent too, so ``--fail-time 10`` cannot silently mean 1000%.
-    """
-    s = text.strip()
-    s = s[:-1] if s.endswith("%") else s
-    try:
-        value = float(s)
-    except ValueError:
-        raise ValueError(f"expected a percentage such as 2% or 2.5, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"a threshold must be a finite percentage >= 0, got {text!r}")
-    return value / 100
-
-
-@dataclass
-class Delta:
-    quantity: str  # Quantity.key
-    label: str
-    old: float | None
-    new: float | None
-    change: float | None  # (new - old) / old; inf when old is 0 and new is not
-    regressed: bool = False
-    improved: bool = False
-    # time only: one-sided Mann-Whitney U p-value for the change's direction, the medians' bootstrap 95 %
-    # intervals, and the verdict: regression / improvement / no change / noisy (beyond the threshold but
-    # not significant) / untested (no per-step times: judged on the threshold alone)
-    p_value: float | None = None
-    old_ci: list | None = None
-    new_ci: list | None = None
-    verdict: str = ""
-    judged_change: float | None = None  # the change judged: relative to the runs' common shift (time only)
-
-
-@dataclass
-class PointComparison:
-    key: str
-    label: str
-    old_status: str
-    new_status: str
-    deltas: list[Delta] = field(default_factory=list)
-    status_regressed: bool = False
-    old_spread: float | None = None
-    new_spread: float | None = None
-    noisy: bool = False
-
-    @property
-    def regressed(self) -> bool:
-        return self.status_regressed or any(d.regressed for d in self.deltas)
-
-    def reasons(self, thresholds: Thresholds) -> list[str]:
-        """Why this point regressed, one short phrase each (for the summary lines)."""
-        out = [f"status {self.old_status} -> {self.new_status}"] if self.status_regressed else []
-        for d in self.deltas:
-            if d.regressed:
-                q = QUANTITY_BY_KEY[d.quantity]
-                out.append(f"{d.label} {format_change(d.change)} (threshold {thresholds.for_kind(q.kind):.0%})")
-        return out
-
-
-@dataclass
-class Comparison:
-    kind: str
-    thresholds: Thresholds
-    points: list[PointComparison]
-    only_old: list[Point]
-    only_new: list[Point]
-    problems: list[str] = field(default_factory=list)
-    env_changes: list[str] = field(default_factory=list)
-    common_shift: float | None = None  # median step-time ratio new/old over the common points, minus 1
-
-    @property
-    def regressions(self) -> list[PointComparison]:
-        return [p for p in self.points if p.regressed]
-
-    @property
-    def noisy(self) -> list[PointComparison]:
-        return [p for p in self.points if p.noisy]
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.regressions)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        for entry, point in zip(out["points"], self.points):
-            entry["regressed"] = point.regressed
-        out["failed"] = self.failed
-        return out
-
-
-def format_change(change: float | None) -> str:
-    if change is None:
-        return "-"
-    if math.isinf(change):
-        return "new (was 0)"
-    return f"{change:+.1%}"
+NO_READINGS = "no calibration readings"
 
 
 # --------------------------------------------------------------------------------------------- judging
 
-MIN_POINTS_FOR_SHIFT = 4
+MIN_POINTS_FOR_MEDIAN = 4
 
 
-def common_shift(pairs: list[tuple[Point, Point]]) -> float | None:
-    """How much every point's step time moved together: the median of the new/old ratios of medians,
-    minus 1, over the points ok on both sides (None with fewer than 4).
-
-    A machine that runs 10 % slower today (a neighbour, thermal state, another VM on the host) moves every
-    point; a code change that slows one setting moves one.  Judging each point relative to the shared
-    move keeps the first from being called a regression of every point.  A change that slows every point
-    alike is then this shift, stated on its own line rather than blamed on each point.
-    """
+def median_change(pairs: list[tuple[Point, Point]]) -> float | None:
+    """The median of the new/old step-time ratios of the points ok on both sides, minus 1 (None with
+    fewer than 4): how much the points moved together.  Stated, never divided out: from two runs alone a
+    slower machine and a change that slows every point alike look the same, and only the calibration
+    kernel (:mod:`.machine_speed`) tells them apart."""
     ratios = sorted(n.values["step_time_median_s"] / o.values["step_time_median_s"] for o, n in pairs
                     if o.status == n.status == "ok" and o.values.get("step_time_median_s")
                     and n.values.get("step_time_median_s"))
-    if len(ratios) < MIN_POINTS_FOR_SHIFT:
+    if len(ratios) < MIN_POINTS_FOR_MEDIAN:
         return None
     mid = len(ratios) // 2
     median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
@@ -211,7 +119,7 @@ def common_shift(pairs: list[tuple[Point, Point]]) -> float | None:
 
 @dataclass
 class _Pending:
-    """A time delta waiting for its rank test: every test of a comparison runs in one batch."""
+    """A time delta waiting for its test: every test of a comparison runs in one batch."""
 
     delta: Delta
     gates: bool
@@ -221,7 +129,7 @@ class _Pending:
     new: list
 
 
-def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float, cis: dict,
+def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, speed: MachineSpeed, cis: dict,
            pending: list[_Pending]) -> Delta:
     old, new = o.values.get(q.key), n.values.get(q.key)
     if old is None or new is None:
@@ -234,71 +142,82 @@ def _delta(q: Quantity, o: Point, n: Point, thresholds: Thresholds, shift: float
     limit = thresholds.for_kind(q.kind)
     if q.kind != "time":
         return Delta(q.key, q.label, old, new, change, regressed=q.gates and worse > limit, improved=-worse > limit)
-    return _time_delta(q, o, n, change, limit, shift, cis, pending)
+    return _time_delta(q, o, n, change, limit, speed, cis, pending)
 
 
-def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, shift: float, cis: dict,
+def _test_name(o: Point, n: Point) -> str:
+    if not o.samples or not n.samples:
+        return ""
+    sizes = (f"{len(o.samples)} vs {len(n.samples)} {o.unit}" if o.unit == n.unit
+             else f"{len(o.samples)} {o.unit} vs {len(n.samples)} {n.unit}")
+    return f"one-sided Welch t on log times, {sizes}"
+
+
+def _time_delta(q: Quantity, o: Point, n: Point, change: float, limit: float, speed: MachineSpeed, cis: dict,
                 pending: list[_Pending]) -> Delta:
-    """A time change counts only when it is beyond the threshold *and* significant: the step times of the
-    two runs, ranked together, say the new ones are slower (faster) with p < ALPHA.  Both are judged after
-    taking out the runs' common shift (the new step times divided by 1 + shift).  The test itself runs
-    later, with every other of the comparison (:func:`_judge_time`)."""
+    """A time change counts only when it is beyond the threshold *and* significant (a one-sided Welch
+    t-test on the log times of the two runs, :mod:`.significance`).  Both are judged after dividing the
+    new step times by the machine's measured speed change, when there is one beyond noise.  The test
+    itself runs later, with every other of the comparison (:func:`_judge_time`)."""
     old, new = o.values[q.key], n.values[q.key]
-    old_ci, new_ci = cis[id(o)], cis[id(n)]
-    d = Delta(q.key, q.label, old, new, change, old_ci=list(old_ci) if old_ci else None,
-              new_ci=list(new_ci) if new_ci else None)
-    factor = 1 + shift  # step time new/old that every point shares
+    old_ci, old_cov = cis[id(o)]
+    new_ci, new_cov = cis[id(n)]
+    d = Delta(q.key, q.label, old, new, change, test=_test_name(o, n),
+              old_ci=list(old_ci) if old_ci else None, new_ci=list(new_ci) if new_ci else None,
+              old_ci_coverage=old_cov if old_ci else None, new_ci_coverage=new_cov if new_ci else None)
+    factor = speed.factor  # new/old time of the calibration kernel, when beyond its noise; else 1
     adjusted = new / factor if q.higher_is_worse else new * factor
     d.judged_change = (adjusted - old) / abs(old) if old else change
     worse = d.judged_change if q.higher_is_worse else -d.judged_change
-    pending.append(_Pending(d, q.gates, limit, worse, list(o.samples), [t / factor for t in n.samples]))
+    pending.append(_Pending(d, q.gates, limit, worse, list(o.samples), list(n.samples)))
     return d
 
 
-def _judge_time(pending: list[_Pending]) -> None:
-    """Run the rank tests of every pending time delta at once and give each its verdict."""
+def _judge_time(pending: list[_Pending], speed: MachineSpeed) -> None:
+    """Run the tests of every pending time delta at once and give each its verdict."""
+    shift = math.log(speed.factor)
+    extra = (speed.log_var, speed.df) if speed.factor != 1.0 else (0.0, math.inf)
     # step time: higher is worse; tokens/s is its inverse, so "worse" means slower steps either way
-    tests = p_values([(p.old, p.new, "slower" if p.worse > 0 else "faster") for p in pending])
+    tests = p_values([(p.old, p.new, "slower" if p.worse > 0 else "faster") for p in pending],
+                     [shift] * len(pending), [extra] * len(pending))
     for p, p_value in zip(pending, tests):
-        d, worse, limit = p.delta, p.worse, p.limit
+        d = p.delta
         d.p_value = p_value
-        if p_value is None:
-            # no per-step times (an old record, a benchmark file without data), or no scipy to test them
-            d.verdict = "untested"
-            d.regressed, d.improved = p.gates and worse > limit, -worse > limit
-        elif abs(worse) <= limit:
-            d.verdict = "no change"
-        elif p_value >= ALPHA:
-            d.verdict = "noisy"
-        elif worse > 0:
-            d.verdict, d.regressed = "regression", p.gates
+        d.verdict = verdict(p.worse, p_value, p.limit)
+        if d.verdict == "untested":
+            d.regressed, d.improved = p.gates and p.worse > p.limit, -p.worse > p.limit
         else:
-            d.verdict, d.improved = "improvement", True
+            d.regressed, d.improved = d.verdict == "regression" and p.gates, d.verdict == "improvement"
 
 
 def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = Thresholds(),
-                   kind: str = SWEEP) -> Comparison:
+                   kind: str = SWEEP, speed: MachineSpeed | None = None) -> Comparison:
     """Match by key and judge each pair; keys on one side only are kept in ``only_old`` / ``only_new``.
+    `speed`: the runs' calibration readings compared (:func:`~.machine_speed.machine_speed`); without
+    it raw changes are judged.
 
-    Linear in the number of points: pairs are matched through dicts, and the bootstrap intervals and rank
-    tests of all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.stats.p_values`)."""
+    Linear in the number of points: pairs are matched through dicts, and the order-statistic intervals and
+    tests of all pairs are drawn in batches (:func:`~.stats.median_cis`, :func:`~.significance.p_values`)."""
+    speed = speed or MachineSpeed("unknown", NO_READINGS)
+    if speed.state == "corrected" and not thresholds.drift:
+        speed = replace(speed, state="not corrected")
     # a point recorded as skipped (a sweep's deadline) was never measured: it counts as absent there
     old_by = {p.key: p for p in old if p.status != "skipped"}
     new_by = {p.key: p for p in new if p.status != "skipped"}
     pairs = [(o, new_by[k]) for k, o in old_by.items() if k in new_by]
-    shift = common_shift(pairs) if thresholds.drift else None
     sides = [p for pair in pairs for p in pair if p.ci is None]
-    cis = dict(zip(map(id, sides), median_cis([list(p.samples) for p in sides])))
-    cis.update((id(p), p.ci) for pair in pairs for p in pair if p.ci is not None)
+    cis = {id(p): (ci, ci.coverage if ci else None)
+           for p, ci in zip(sides, median_cis([list(p.samples) for p in sides]))}
+    cis.update((id(p), (p.ci, p.ci_coverage)) for pair in pairs for p in pair if p.ci is not None)
     points, pending = [], []
     for o, n in pairs:
         pc = PointComparison(o.key, n.label or o.label, o.status, n.status,
                              status_regressed=o.status == "ok" and n.status != "ok",
                              old_spread=o.spread, new_spread=n.spread)
-        pc.deltas = [_delta(q, o, n, thresholds, shift or 0.0, cis, pending) for q in QUANTITIES
+        pc.deltas = [_delta(q, o, n, thresholds, speed, cis, pending) for q in QUANTITIES
                      if o.values.get(q.key) is not None or n.values.get(q.key) is not None]
         points.append(pc)
-    _judge_time(pending)
+    _judge_time(pending, speed)
     for pc, (o, n) in zip(points, pairs):
         tested = any(d.verdict not in ("", "untested") for d in pc.deltas)
         # noisy: a time change beyond the threshold that the step times cannot back; without per-step
@@ -307,15 +226,18 @@ def compare_points(old: list[Point], new: list[Point], thresholds: Thresholds = 
                     else any(s is not None and s > thresholds.time for s in (o.spread, n.spread)))
     return Comparison(kind, thresholds, points,
                       only_old=[p for k, p in old_by.items() if k not in new_by],
-                      only_new=[p for k, p in new_by.items() if k not in old_by], common_shift=shift)
+                      only_new=[p for k, p in new_by.items() if k not in old_by], machine_speed=speed,
+                      median_change=median_change(pairs))
 
 
-def compare_runs(old_records: list[dict], new_records: list[dict],
-                 thresholds: Thresholds = Thresholds()) -> Comparison:
-    """Compare two lists of sweep records (as :func:`ckptbench.store.records.load_records` returns them)."""
+def compare_runs(old_records: list[dict], new_records: list[dict], thresholds: Thresholds = Thresholds(),
+                 old_readings: list[dict] | None = None, new_readings: list[dict] | None = None) -> Comparison:
+    """Compare two lists of sweep records (as :func:`ckptbench.store.records.load_records` returns them),
+    with the runs' calibration readings (:func:`~.machine_speed.load_readings`) when there are any."""
     old, old_problems = points_from_records(old_records)
     new, new_problems = points_from_records(new_records)
-    comparison = compare_points(old, new, thresholds, SWEEP)
+    speed = machine_speed(old_readings or [], new_readings or [], thresholds.drift)
+    comparison = compare_points(old, new, thresholds, SWEEP, speed)
     comparison.problems += [f"old: {p}" for p in old_problems] + [f"new: {p}" for p in new_problems]
     comparison.env_changes = env_changes(first_env(old_records), first_env(new_records))
     return comparison
@@ -353,7 +275,9 @@ def compare_paths(old_path: str, new_path: str, thresholds: Thresholds = Thresho
     old, new = load_sides(old_path, new_path)
     if old.kind != new.kind:
         raise UsageError(f"cannot compare a {old.kind} input ({old_path}) with a {new.kind} input ({new_path})")
-    comparison = compare_points(old.points, new.points, thresholds, old.kind)
+    speed = (machine_speed(load_readings(old_path), load_readings(new_path), thresholds.drift) if old.kind == SWEEP
+             else MachineSpeed("unknown", "pytest-benchmark files carry no calibration reading"))
+    comparison = compare_points(old.points, new.points, thresholds, old.kind, speed)
     comparison.problems += [f"old: {p}" for p in old.problems] + [f"new: {p}" for p in new.problems]
     comparison.env_changes = env_changes(old.env, new.env)
     return comparison

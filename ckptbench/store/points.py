@@ -52,9 +52,10 @@ class Point:
     status: str
     values: dict  # quantity key -> float | None
     spread: float | None = None  # relative spread of the step times (see module docstring)
-    samples: tuple[float, ...] = ()  # every timed step's time (all repeats pooled): what significance is tested on
-    ci: tuple[float, float] | None = None  # the median's bootstrap interval over `samples`, when already drawn
-
+    samples: tuple[float, ...] = ()  # what significance is tested on: every timed step, or one median per repeat (`unit`)
+    ci: tuple[float, float] | None = None  # the median's order-statistic interval over `samples`, when drawn
+    ci_coverage: float | None = None  # how often that interval covers the median, when the record says
+    unit: str = "steps"  # what one of `samples` is: steps, repeat medians, rounds (pytest-benchmark)
 
 
 def _spread(median, p90, cv) -> float | None:
@@ -71,6 +72,15 @@ def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
     return float(value)
+
+
+def _coverage(value) -> float | None:
+    """A record's ``step_time_ci_coverage``: a fraction (0.75), or a percentage (75) from another writer."""
+    value = _number(value)
+    if value is None or value <= 0:
+        return None
+    value = value / 100 if value > 1 else value
+    return value if value <= 1 else None
 
 
 def record_label(record: dict) -> str:
@@ -99,8 +109,10 @@ def points_from_records(records: list[dict]) -> tuple[list[Point], list[str]]:
         # the loader drew the interval over these very samples (repeats.time_samples); not drawn twice
         ci = m.get("step_time_ci95_s")
         ci = tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None
-        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, tuple(time_samples(m)),
-                            ci))
+        samples = tuple(time_samples(m))
+        unit = "repeat medians" if samples and list(samples) == m.get("repeat_medians_s") else "steps"
+        points.append(Point(case_id, record_label(r), r.get("status", "?"), values, spread, samples, ci,
+                            _coverage(m.get("step_time_ci_coverage")), unit))
     return points, problems
 
 
@@ -123,7 +135,7 @@ def points_from_benchmark_json(data: dict) -> tuple[list[Point], list[str]]:
         cv = stddev / mean if mean and stddev is not None else None
         label = bench.get("name") or name
         by_name[name] = Point(name, label, extra.get("status", "ok"), values, _spread(stats.get("median"), p90, cv),
-                              tuple(data_points))
+                              tuple(data_points), unit="rounds")
     return list(by_name.values()), problems
 
 

@@ -1,24 +1,25 @@
 """The results store: ``results/<run>/records.jsonl``, one schema-versioned JSON object per Case.
 
-Appends are atomic in the sense that matters: each record is one ``write`` of a whole line to a file
-opened with ``O_APPEND``, under an exclusive ``flock`` (so sweeps sharded over one output never
-interleave), followed by ``fsync``.  A sweep killed at any moment loses at most the point in flight; a
-torn last line (a crash mid-write on a filesystem that allows it) is detected on load, reported, and
-never parsed as data.
+Appends are atomic in the sense that matters (:mod:`.jsonl`): each record is one ``write`` of a whole
+line to a file opened with ``O_APPEND``, under an exclusive ``flock`` (so sweeps sharded over one output
+never interleave), followed by ``fsync``.  A sweep killed at any moment loses at most the point in
+flight; a torn last line (a crash mid-write on a filesystem that allows it) is detected on load,
+reported, and never parsed as data.  A record's memory timeline is kept beside it, in
+``timelines.jsonl`` (:mod:`.timelines`), so that reading the records never parses it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import gc
 import json
 import os
 from dataclasses import dataclass, field
 
 from ..errors import StorageError
+from .jsonl import append_line
 from .repeats import merge_repeats, single_records
+from .timelines import store_timeline
 from .validate import record_problem
 
 SCHEMA_VERSION = 1
@@ -59,63 +60,18 @@ class RecordStore:
             raise StorageError(self.run_dir, exc, "creating") from exc
 
     def append(self, record: dict) -> None:
-        """Append one line; on any failure (a full disk) the file is cut back to the records before it.
+        """Append one line (:func:`~.jsonl.append_line`); on any failure (a full disk) the file is cut back
+        to the records before it.  A timeline in the record's measurement goes first to a line of its own
+        in ``timelines.jsonl`` (:func:`~.timelines.store_timeline`; `record` is changed to what is written).
 
         Raises :class:`~ckptbench.errors.StorageError` naming the file and the reason.
         """
-        line = json.dumps({"schema": SCHEMA_VERSION, **record}, sort_keys=True, default=_jsonable) + "\n"
-        data = line.encode()
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StorageError(self.path, exc) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            size = os.fstat(fd).st_size
-            try:
-                _repair_torn_tail(fd)
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write: {written} of {len(data)} bytes")
-                os.fsync(fd)
-            except OSError as exc:
-                _cut_back(fd, size)
-                raise StorageError(self.path, exc) from exc
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        store_timeline(self.run_dir, record)
+        append_line(self.path, {"schema": SCHEMA_VERSION, **record})
 
     def load(self) -> LoadedRecords:
         """The last line of each (Case, repeat), repeats not merged: what a sweep resumes from."""
         return load_records(self.path, merged=False)
-
-
-def _cut_back(fd: int, size: int) -> None:
-    """Remove what a failed append wrote past `size` (under the lock, so only this append's bytes): the
-    records before it stay whole and the next append starts on a clean line."""
-    try:
-        os.ftruncate(fd, size)
-    except OSError:
-        pass  # what stays is a torn last line, which the reader skips and the next append ends
-
-
-def _repair_torn_tail(fd: int) -> None:
-    """If a crash left a last line without its newline, end it so the next record starts on its own line.
-
-    The torn fragment stays in the file (nothing already written is ever rewritten) and is reported and
-    skipped on load.
-    """
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return
-    if os.pread(fd, 1, size - 1) != b"\n":
-        os.write(fd, b"\n")
-
-
-def _jsonable(obj):
-    if isinstance(obj, set):
-        return sorted(obj)
-    return str(obj)
 
 
 def load_records(path: str, merged: bool = True) -> LoadedRecords:

@@ -6,8 +6,9 @@ and ``compare``'s test, use one median per repeat (``repeat_medians_s``) rather 
 
 Each repeat is its own line in ``records.jsonl`` (``repeat``: 0..N-1), appended when its worker ends, so a
 kill loses one repeat, never the others.  Readers see one record per Case: the first repeat's record,
-whose step times become all repeats' pooled (median, bootstrap interval, CV over every timed step), with
-``repeats`` listing each repeat's status, median and whether its memory figures were the same.  On CPU
+whose step times become all repeats' pooled (median, order-statistic interval, CV over every timed step),
+with ``repeats`` listing each repeat's status, median, why its timing stopped and whether its memory figures
+were the same.  On CPU
 memory is counted exactly, so repeats must agree to the byte: a difference is a gate that fails the record.
 """
 
@@ -36,8 +37,10 @@ def time_samples(m: dict) -> list[float]:
 
 
 def _needs_statistics(record: dict) -> bool:
+    """Step times without the interval's method: a record from before the order-statistic interval (its
+    interval, if it had one, is drawn again the way every interval now is) or from a multi-rank point."""
     m = record.get("measurement") or {}
-    return bool(m.get("step_times_s")) and "step_time_ci95_s" not in m
+    return bool(m.get("step_times_s")) and "step_time_ci_method" not in m
 
 
 def with_time_statistics(record: dict) -> dict:
@@ -46,8 +49,8 @@ def with_time_statistics(record: dict) -> dict:
 
 
 def single_records(records: list[dict]) -> list[dict]:
-    """:func:`with_time_statistics` of each record, the intervals drawn together (one array operation per
-    number of steps, not one bootstrap per record: a run of 20,000 records loads in seconds)."""
+    """:func:`with_time_statistics` of each record, the intervals drawn together (one sort per number of
+    steps, not one per record: a run of 20,000 records loads in seconds)."""
     todo = [i for i, r in enumerate(records) if _needs_statistics(r)]
     cis = median_cis([records[i]["measurement"]["step_times_s"] for i in todo])
     out = list(records)
@@ -75,7 +78,8 @@ def merge_repeats(group: list[dict]) -> dict:
         pooled = [t for m in measured for t in m.get("step_times_s") or []]
         medians = [m["step_time_median_s"] for m in measured if m.get("step_time_median_s")]
         times = {"step_times_s": pooled, "repeat_medians_s": medians}
-        base["measurement"] = {**ref, **summary(pooled, ci_over=time_samples(times)), **times}
+        base["measurement"] = {**ref, **summary(pooled, ci_over=time_samples(times)), **times,
+                               "timed_steps": len(pooled), "timing_stopped_by": _stopped_by(measured)}
         if len(medians) >= MIN_REPEATS_AS_UNIT:
             base["measurement"]["step_time_ci_unit"] = "repeat"
         if ref.get("tokens_per_s") and ref.get("step_time_median_s") and base["measurement"]["step_time_median_s"]:
@@ -87,6 +91,7 @@ def merge_repeats(group: list[dict]) -> dict:
         "statuses": [r.get("status") for r in group],
         "step_time_medians_s": [(r.get("measurement") or {}).get("step_time_median_s") for r in group],
         "wall_s": [r.get("wall_s") for r in group],
+        "timing_stopped_by": [(r.get("measurement") or {}).get("timing_stopped_by") for r in group],
         "memory_identical": not differing,
         "memory_differs": differing,
     }
@@ -97,3 +102,13 @@ def merge_repeats(group: list[dict]) -> dict:
         base["gates"]["memory_differs_across_repeats"] = 1
         base["verdict"] = "fail"
     return base
+
+
+def _stopped_by(measured: list[dict]) -> str | None:
+    """Why the repeats' timing stopped, as one word: a cap when any repeat reached one (its interval is
+    then not the precision asked for), "precision" when every repeat reached it."""
+    reasons = [m.get("timing_stopped_by") for m in measured]
+    for cap in ("max_time", "max_steps", "fixed"):
+        if cap in reasons:
+            return cap
+    return "precision" if reasons and all(r == "precision" for r in reasons) else None

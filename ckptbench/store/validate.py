@@ -13,7 +13,7 @@ import math
 from dataclasses import MISSING, fields
 from numbers import Real
 
-from ..spec import Case, DataSpec, ModelSpec, Setup, TrainSpec
+from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 
@@ -21,13 +21,14 @@ STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupp
 OPTIONAL = {"reason": str, "stderr_tail": str, "strategy": str, "suite": str, "verdict": str,
             "finished_at": str, "measurement": dict, "estimate": dict, "env": dict, "placement": dict,
             "meters": dict, "host_memory": dict, "plan_prediction": dict, "gates": (dict, list),
-            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real}
+            "checks": list, "repeats": (int, dict), "wall_s": Real, "projected_s": Real, "load": dict}
 # Sweep axes of the case, which every command does arithmetic or formatting on.
 CASE_INTS = ("batch_size", "seq_len", "every_n_layers", "local_sgd_steps", "grad_accum", "world_size")
 # Measured figures that are numbers (or None) and lists of numbers, where present.
 MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "step_time_cv", "tokens_per_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
-                    "hardware_flops_per_step", "ideal_recompute_ratio")
+                    "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
+                    "timing_window_s")
 MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 
 
@@ -55,8 +56,8 @@ def _case_shape() -> tuple | None:
 
     hints = {f.name: f.type for f in fields(Case)}
     parts = []
-    for key, optional in (("model", False), ("train", False), ("data", True), ("setup", True)):
-        cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup}[key]
+    for key, optional in (("model", False), ("train", False), ("data", True), ("setup", True), ("recompute", True)):
+        cls = {"model": ModelSpec, "train": TrainSpec, "data": DataSpec, "setup": Setup, "recompute": Recompute}[key]
         if hasattr(cls, "__post_init__") or cls.__name__ not in str(hints[key]):
             return None
         known, required = names(cls)
@@ -84,8 +85,8 @@ def _builds_a_case(case: dict) -> bool:
             continue
         if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
             return False
-    if (case.get("setup") or {}).get("lora"):  # a part inside a part: building the Case tells
-        return False
+    if (case.get("setup") or {}).get("lora") or (case.get("train") or {}).get("timing"):
+        return False  # a part inside a part: building the Case tells
     return True
 
 
@@ -101,6 +102,11 @@ def _case_problem(case) -> str | None:
             return f"case.{key} is {case[key]!r}, not an integer"
     if "device" in case and not isinstance(case["device"], str):
         return f"case.device is {case['device']!r}, not a string"
+    recompute = case.get("recompute") or {}
+    if not isinstance(recompute.get("layers", []), list) or not all(_int(i) for i in recompute.get("layers", [])):
+        return f"case.recompute.layers is {recompute.get('layers')!r}, not a list of layer indices"
+    if not isinstance(recompute.get("sac", ""), str):
+        return f"case.recompute.sac is {recompute['sac']!r}, not a string"
     return None
 
 

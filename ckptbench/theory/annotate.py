@@ -36,7 +36,8 @@ def checkpointed_input_formula(case: Case) -> int:
 def simulation_checks(case: Case, m: dict, tol: Tolerances) -> list:
     """Any model: the measured step against the simulation of the same step (memory, part by part, and the
     moment of the peak), and the quantities that need no model at all (checkpointed inputs, which layers
-    were checkpointed and ran again) against their rules.  Without a simulation the memory checks skip:
+    were checkpointed and ran again) against their rules; where the simulation counted FLOPs (a SAC point)
+    the FLOPs the step ran, and ran again, against its count.  Without a simulation the memory checks skip:
     the record is then unchecked, never passed."""
     sim = m.get("simulation") or {}
     rule = case.checkpointed_layers
@@ -52,6 +53,11 @@ def simulation_checks(case: Case, m: dict, tol: Tolerances) -> list:
     out += [judge("checkpointed_input_bytes", m.get("checkpointed_input_bytes"), checkpointed_input_formula(case)),
             same_layers("checkpointed_layers", m.get("checkpointed_layers"), rule),
             same_layers("recomputed_layers", m.get("recomputed_layers"), rule)]
+    counted, simulated = m.get("counted_flops"), sim.get("counted_flops")
+    if counted and simulated:  # a SAC point's simulation counts what its step runs again (exact)
+        out += [judge("hardware_flops", sum(counted[p] for p in ("forward", "backward", "recompute")),
+                      sum(simulated[p] for p in ("forward", "backward", "recompute"))),
+                judge("recompute_flops", counted["recompute"], simulated["recompute"])]
     return out
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..spec import Case, ModelSpec, checkpointed_layers
+from ..measure.interval import fewest
+from ..spec import Case, ModelSpec
 from .flops import hardware_flops_per_token
 from .params import param_count
 
@@ -42,8 +43,8 @@ def rate_key(case: Case) -> tuple[str, str, int]:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _flops_per_token(spec: ModelSpec, seq: int, every_n_layers: int) -> float:
-    return hardware_flops_per_token(spec, seq, len(checkpointed_layers(spec.layers, every_n_layers)))
+def _flops_per_token(spec: ModelSpec, seq: int, checkpointed: int, sac: str) -> float:
+    return hardware_flops_per_token(spec, seq, checkpointed, sac=sac)
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -56,12 +57,23 @@ def point_seconds(case: Case, rates: Rates) -> float | None:
     rate = rates.matmul.get(rate_key(case))
     if not rate or not case.model.analytic:  # no FLOP formula: not projected rather than guessed
         return None
-    train = case.train
-    steps = train.warmup_steps + train.memory_steps + train.steps
+    steps = case.train.warmup_steps + case.train.memory_steps + timed_steps(case)
     tokens = case.batch_size * case.seq_len * case.grad_accum
-    compute = steps * _flops_per_token(case.model, case.seq_len, case.every_n_layers) * tokens / (EFFICIENCY * rate)
+    n = case.every_n_layers  # how many layers are checkpointed, counted without listing them (a million points)
+    checkpointed = len(case.recompute.layers) or (len(range(0, case.model.layers, n)) if n > 0 else 0)
+    compute = steps * _flops_per_token(case.model, case.seq_len, checkpointed, case.recompute.sac) * tokens / (EFFICIENCY * rate)
     build = _params(case.model) / rates.init_elements_per_s if rates.init_elements_per_s else 0.0
     return (GROUP_POINT_S if case.world_size > 1 else POINT_S) + build + compute
+
+
+def timed_steps(case: Case) -> int:
+    """The timed steps a point is projected to run: a multi-rank point its fixed ``steps``; one process
+    the fewest that can reach its precision (a 95 % interval needs 6, :func:`~ckptbench.measure.interval.fewest`)
+    within its step cap.  A noisy point times more, up to ``max_steps`` or ``max_time_s``."""
+    train = case.train
+    if case.world_size > 1:
+        return train.steps
+    return min(max(train.steps, fewest()), max(train.timing.max_steps, train.steps))
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ class Projection:
         rest = (f"; {self.unprojected} points not projected (no rate for their device here, or no FLOP formula "
                 "for their model type)" if self.unprojected else "")
         return (f"projected duration {_minutes(self.seconds)} on this machine (matmul {shown}, at "
-                f"{EFFICIENCY:.0%} of it in training){rest}")
+                f"{EFFICIENCY:.0%} of it in training; timed steps at the fewest a precise median needs){rest}")
 
 
 def _minutes(seconds: float) -> str:

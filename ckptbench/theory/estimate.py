@@ -82,7 +82,8 @@ def gradient_bytes(spec: ModelSpec, autocast: str = "") -> int:
 
 
 def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
-             grad_accum: int = 1, device: str = "cpu", autocast: str = "", optimizer: str = "adamw") -> Estimate:
+             grad_accum: int = 1, device: str = "cpu", autocast: str = "", optimizer: str = "adamw",
+             layers: tuple[int, ...] = ()) -> Estimate:
     """Memory of one training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
@@ -103,6 +104,9 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
       foreach kernels (``adamw-foreach``; ``adamw`` on CUDA), none for SGD with momentum.
     With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
 
+    ``layers`` (a layer set, :class:`~ckptbench.strategy.Recompute`) names the checkpointed layers instead
+    of ``every_n_layers``: the walk asks only which layers are checkpointed, never how they were chosen.
+
     ``autocast="bf16"`` (bf16-mixed, Llama and Qwen2 on a CPU): the forward and loss run under
     ``torch.autocast`` over fp32 weights.  Params, grads and AdamW state stay fp32; what the layers and the
     head keep is :func:`.activations.mixed_layer_activation_terms` (bf16 casts of each linear's input and
@@ -121,7 +125,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # AdamW: exp_avg and exp_avg_sq in the param dtype, plus a fp32 `step` scalar tensor per parameter;
     # SGD: a momentum buffer in the param dtype
     state = optimizer_state_bytes(pc, B, optimizer)
-    ckpt = checkpointed_layers(spec.layers, every_n_layers)
+    ckpt = list(layers) or checkpointed_layers(spec.layers, every_n_layers)
     ckpt_set = set(ckpt)  # asked once per layer below: a list would make the walk quadratic in depth
     any_ck = bool(ckpt)
     all_ck = len(ckpt) == spec.layers
@@ -228,7 +232,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 def estimate_case(case: Case) -> Estimate:
     """The estimate for a sweep point."""
     return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                    case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer)
+                    case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer, case.recompute.layers)
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:

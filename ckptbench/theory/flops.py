@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec import Case, ModelSpec
+from ..strategy import SAC_POLICIES, SDPA_OPS
 
 CONVENTION = ("PaLM app. B: 6N + 12*L*H*Q*T per token; N = matmul weights incl. LM head, no embedding "
               "lookup/norms/biases; attention not halved for the causal mask")
@@ -98,13 +99,18 @@ def model_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = Fals
 
 
 def recompute_flops_per_token(spec: ModelSpec, seq: int, checkpointed_layers: int,
-                              causal_halving: bool = False) -> float:
+                              causal_halving: bool = False, sac: str = "") -> float:
     """The recomputed forward of each checkpointed layer, stopped before its last matmul (the LM head is
-    never recomputed)."""
+    never recomputed).  Under a SAC policy (:data:`~ckptbench.strategy.SAC_POLICIES`) an operator whose
+    output the policy keeps is not run again: the projections' and MLP's matmuls when it keeps ``aten.mm``
+    and ``aten.addmm``, the attention products when it keeps the kernel that computes them (sdpa's fused
+    kernel; eager's ``aten.bmm``).  Every other operator the counter counts is recomputed as without SAC."""
     fm = flop_model(spec)
-    matmuls = fm.layer_matmul_params - fm.last_matmul_params
-    per_layer = 2 * matmuls + attention_forward_flops_per_token(spec, seq, causal_halving)
-    return checkpointed_layers * per_layer
+    keep = set(SAC_POLICIES[sac]) if sac else set()
+    attention_ops = set(SDPA_OPS) if spec.attn == "sdpa" else {"aten.bmm"}
+    matmuls = 0 if {"aten.mm", "aten.addmm"} <= keep else fm.layer_matmul_params - fm.last_matmul_params
+    attention = 0 if attention_ops <= keep else attention_forward_flops_per_token(spec, seq, causal_halving)
+    return checkpointed_layers * (2 * matmuls + attention)
 
 
 def flash_backward_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = False) -> float:
@@ -116,18 +122,18 @@ def flash_backward_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bo
 
 
 def hardware_flops_per_token(spec: ModelSpec, seq: int, checkpointed_layers: int,
-                             causal_halving: bool = False) -> float:
+                             causal_halving: bool = False, sac: str = "") -> float:
     """What the device runs per token: model FLOPs, the recomputation, and flash attention's extra."""
     return (model_flops_per_token(spec, seq, causal_halving)
-            + recompute_flops_per_token(spec, seq, checkpointed_layers, causal_halving)
+            + recompute_flops_per_token(spec, seq, checkpointed_layers, causal_halving, sac)
             + flash_backward_flops_per_token(spec, seq, causal_halving))
 
 
 def ideal_recompute_ratio(spec: ModelSpec, seq: int, checkpointed_layers: int,
-                          causal_halving: bool = False) -> float:
+                          causal_halving: bool = False, sac: str = "") -> float:
     """Step time with checkpointing / without, if all FLOPs ran at one rate: hardware FLOPs with the
     recomputation over hardware FLOPs without it."""
-    return (hardware_flops_per_token(spec, seq, checkpointed_layers, causal_halving)
+    return (hardware_flops_per_token(spec, seq, checkpointed_layers, causal_halving, sac)
             / hardware_flops_per_token(spec, seq, 0, causal_halving))
 
 
@@ -157,7 +163,7 @@ def figures(case: Case, step_time_s: float | None, device_name: str | None = Non
     (``mfu_measured_peak``/``hfu_measured_peak``).
     """
     spec, seq, tokens = case.model, case.seq_len, case.tokens_per_step
-    n_ckpt = len(case.checkpointed_layers)
+    n_ckpt, sac = len(case.checkpointed_layers), case.recompute.sac
     model_tok = model_flops_per_token(spec, seq)
     out = {
         "flops_convention": CONVENTION,
@@ -165,9 +171,9 @@ def figures(case: Case, step_time_s: float | None, device_name: str | None = Non
         "model_flops_per_token": model_tok,
         "attention_flops_per_token": 3 * spec.layers * attention_forward_flops_per_token(spec, seq),
         "model_flops_per_step": model_tok * tokens,
-        "recompute_flops_per_step": recompute_flops_per_token(spec, seq, n_ckpt) * tokens,
-        "hardware_flops_per_step": hardware_flops_per_token(spec, seq, n_ckpt) * tokens,
-        "ideal_recompute_ratio": ideal_recompute_ratio(spec, seq, n_ckpt),
+        "recompute_flops_per_step": recompute_flops_per_token(spec, seq, n_ckpt, sac=sac) * tokens,
+        "hardware_flops_per_step": hardware_flops_per_token(spec, seq, n_ckpt, sac=sac) * tokens,
+        "ideal_recompute_ratio": ideal_recompute_ratio(spec, seq, n_ckpt, sac=sac),
     }
     table = peak_flops(device_name, spec.dtype)
     if table is not None:

@@ -5,7 +5,9 @@ For each strategy (no checkpointing; every distinct set of checkpointed layers t
 the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
 then predicts the step time at that batch: hardware FLOPs (recompute included, with non-reentrant
 checkpoint's early stop) over the device's peak × an efficiency, plus the offload copies over the
-host↔device bandwidth.  The recommendation is the highest predicted tokens/s that fits.
+host↔device bandwidth.  The recommendation is the highest predicted tokens/s that fits.  With
+``layer_sets`` the strategies also hold, for each count of layers no ``every_n_layers`` checkpoints, the
+best set of that many layers (:mod:`.layersets`), with and without offload.
 
 On CUDA the allocator holds more than its tensors (block rounding and cached blocks: reserved over
 allocated) and the process holds a CUDA context; the estimate sees neither, so a CUDA plan adds
@@ -18,11 +20,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from ..cards import CARDS
-from ..spec import Case, Setup, TrainSpec, checkpointing_name
+from ..spec import Case, Recompute, Setup, TrainSpec, checkpointing_name
 from .estimate import estimate_case
 from .extrapolate import NotAffine, patterns
 from .flops import hardware_flops_per_token, peak_flops
 from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
+from .layersets import layer_set_strategies
 from .network import LINKS, allreduce_s
 from .offload import offload_bound_s
 
@@ -73,6 +76,7 @@ class Option:
     step_s: float | None = None
     tokens_per_s: float | None = None
     recompute_flops_share: float = 0.0
+    layers: tuple[int, ...] = ()  # a layer set (every_n_layers 0), when the plan was asked for them
 
 
 def strategies(layers: int) -> list[tuple[int, bool]]:
@@ -183,7 +187,7 @@ def step_seconds(case: Case, a: Assumptions, predict=None) -> tuple[float | None
 
 
 def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None,
-         setup: Setup = Setup()) -> list[Option]:
+         setup: Setup = Setup(), layer_sets: bool = False) -> list[Option]:
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
@@ -192,20 +196,25 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
     """
     train, predict = train or TrainSpec(), predict or Analytic()
 
-    def case(batch: int, s: int, n: int, off: bool) -> Case:
+    def case(batch: int, s: int, n: int, off: bool, ls: tuple[int, ...] = ()) -> Case:
         return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
-                    device=a.device, setup=setup)
+                    device=a.device, setup=setup, recompute=Recompute(layers=ls))
 
+    chosen = [(n, off, ()) for n, off in strategies(model.layers)]
+    if layer_sets:  # each set picked by its estimated peak at batch 1 (the FLOPs depend on the count only)
+        sets = layer_set_strategies(model.layers, lambda ls: _fits(case(1, seq, 0, False, ls), a, predict)[1])
+        chosen += [(0, off, ls) for ls in sets for off in (False, True)]
     options = []
-    for n, off in strategies(model.layers):
-        max_batch = _largest(lambda b, n=n, off=off: case(b, seq, n, off), a, MAX_BATCH, predict)
+    for n, off, ls in chosen:
+        max_batch = _largest(lambda b, n=n, off=off, ls=ls: case(b, seq, n, off, ls), a, MAX_BATCH, predict)
         try:
-            max_seq = _largest(lambda s, n=n, off=off: case(1, s, n, off), a, model.max_positions, predict)
+            max_seq = _largest(lambda s, n=n, off=off, ls=ls: case(1, s, n, off, ls), a, model.max_positions,
+                               predict)
         except NotAffine:
             max_seq = None
-        opt = Option(checkpointing_name(n, off), n, off, max_batch, max_seq)
+        opt = Option(checkpointing_name(n, off, Recompute(layers=ls)), n, off, max_batch, max_seq, layers=ls)
         if max_batch:
-            best = case(max_batch, seq, n, off)
+            best = case(max_batch, seq, n, off, ls)
             opt.peak_bytes = _fits(best, a, predict)[1]
             opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict)
             opt.tokens_per_s = a.world * max_batch * seq / opt.step_s if opt.step_s else None
@@ -214,7 +223,8 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
 
 
 def _family(o: Option) -> str:
-    name = "none" if o.every_n_layers == 0 else "full" if o.every_n_layers == 1 else "every-n"
+    name = ("layers" if o.layers else "none" if o.every_n_layers == 0 else "full" if o.every_n_layers == 1
+            else "every-n")
     return name + ("+offload" if o.offload else "")
 
 
@@ -236,8 +246,12 @@ def merged(options: list[Option]) -> list[Option]:
         if len(run) == 1:
             rows.append(first)
             continue
-        ns = sorted(o.every_n_layers for o in run)
         suffix = "+offload" if first.offload else ""
+        if first.layers:  # layer sets of several counts: named by the counts
+            ks = sorted(len(o.layers) for o in run)
+            rows.append(replace(first, strategy=f"layer sets of {ks[0]}…{ks[-1]}{suffix} ({len(run)} settings)"))
+            continue
+        ns = sorted(o.every_n_layers for o in run)
         rows.append(replace(first, strategy=f"every-{ns[0]}…{ns[-1]}{suffix} ({len(run)} settings)"))
     return rows
 

@@ -28,7 +28,7 @@ import torch
 from ..measure.flops import FlopCounter
 from ..measure.saved import LayerProbe
 from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
-from ..spec import ModelSpec, Setup
+from ..spec import ModelSpec, Recompute, Setup
 from ..train.adapters import with_adapters
 from ..train.checkpointing import decoder_layers, enable_checkpointing
 from ..train.models import build_model
@@ -157,7 +157,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False,
-             setup: Setup | None = None) -> SimResult:
+             setup: Setup | None = None, recompute: Recompute | None = None) -> SimResult:
     """One forward + backward + optimizer step of the real model on fake CPU tensors, with exact live bytes.
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
@@ -171,7 +171,8 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         model = build_model(spec, device="meta")
         # LoRA: peft wraps the meta model as the worker wraps the real one (adapters made on meta too)
         model = with_adapters(model, setup.lora if setup else None)
-    enable_checkpointing(model, every_n_layers, offload=False)
+    # a layer set and a SAC policy switched on by the train side's own function, as in the measured step
+    enable_checkpointing(model, every_n_layers, False, recompute)
     layers = decoder_layers(model)
     ckpt_idx = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
     moves = offload and device == "cuda"

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..spec import Case, Suite
+from ..spec import Case, Recompute, Suite
 
 SIMULATED = "simulated.jsonl"
 
@@ -28,9 +28,14 @@ def simulate_case(case: Case, simulate: Callable) -> dict:
         line.update(status="unsupported", reason="multi-rank Cases are not simulated")
         return line
     t0 = time.perf_counter()
+    # a layer set or SAC policy rides along only when there is one (a plain point's call is unchanged); a
+    # SAC point's recomputation is counted too, the FLOPs its record is checked against
+    extra = {"recompute": case.recompute} if case.recompute != Recompute() else {}
+    if case.recompute.sac:
+        extra["count_flops"] = True
     try:
         result = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                          lr=case.train.lr, device=case.device, setup=case.setup)
+                          lr=case.train.lr, device=case.device, setup=case.setup, **extra)
     except Exception as exc:  # one bad point must not lose the others' predictions
         line.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:500])
         return line

@@ -6,26 +6,74 @@ Also what a CPU-only torch build needs for transformers' offload path to run at 
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
 
+from ..strategy import SAC_POLICIES, Recompute
 
-def enable_checkpointing(model: torch.nn.Module, every_n_layers: int, offload: bool) -> str | None:
+
+def enable_checkpointing(model: torch.nn.Module, every_n_layers: int, offload: bool,
+                         recompute: Recompute | None = None) -> str | None:
     """Checkpointing exactly as users switch it on: transformers' own API, non-reentrant mode.
 
     `use_reentrant=False` must be passed explicitly: kwargs without it fall back to reentrant mode.
     Returns the name of the method used.  transformers releases before `activation_checkpointing_enable`
     (5.17 and earlier) take the same `every_n_layers` / `offload` arguments in `gradient_checkpointing_enable`,
     which newer releases keep as a deprecated alias; the older name is used only when the new one is absent.
+
+    A layer set (``recompute.layers``) switches checkpointing on for every block through the same call,
+    then sets each block's flag as transformers' ``_set_gradient_checkpointing`` does for ``every_n_layers``
+    (:func:`select_layers`); a SAC policy (``recompute.sac``) travels in the checkpoint kwargs as torch's
+    ``context_fn`` (:func:`sac_context_fn`).
     """
-    if every_n_layers <= 0:
+    layers, sac = (recompute.layers, recompute.sac) if recompute else ((), "")
+    if every_n_layers <= 0 and not layers:
         return None
     prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
     method = f"{prefix}_checkpointing_enable"
-    getattr(model, method)(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}},
-                           every_n_layers=every_n_layers, offload=offload)
+    getattr(model, method)(**{f"{prefix}_checkpointing_kwargs": checkpoint_kwargs(sac)},
+                           every_n_layers=1 if layers else every_n_layers, offload=offload)
+    if layers:
+        select_layers(model, layers)
     return method
+
+
+def checkpoint_kwargs(sac: str = "") -> dict:
+    """What transformers hands to ``torch.utils.checkpoint.checkpoint`` for every checkpointed block."""
+    return {"use_reentrant": False, **({"context_fn": sac_context_fn(sac)} if sac else {})}
+
+
+def select_layers(model: torch.nn.Module, layers) -> None:
+    """Checkpoint exactly the blocks `layers` (indices in transformers' order, :func:`decoder_layers`):
+    each ``GradientCheckpointingLayer``'s ``gradient_checkpointing`` flag set as transformers sets it for
+    ``every_n_layers``, its checkpoint function (transformers', with offload where asked) left as it is."""
+    wanted = set(layers)
+    for i, block in enumerate(decoder_layers(model)):
+        block.gradient_checkpointing = i in wanted
+
+
+def sac_policy(names: tuple[str, ...]):
+    """A selective-checkpoint policy: keep the outputs of the operators `names` (``aten.mm`` ...),
+    recompute every other one."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    keep = frozenset(names)
+
+    def policy(ctx, op, *args, **kwargs):
+        name = str(getattr(op, "overloadpacket", op))
+        return CheckpointPolicy.MUST_SAVE if name in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def sac_context_fn(sac: str):
+    """torch's ``context_fn`` for a policy of :data:`~ckptbench.strategy.SAC_POLICIES`: a fresh pair of
+    selective-checkpoint contexts for each checkpointed call, as torch's documentation builds it."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return functools.partial(create_selective_checkpoint_contexts, sac_policy(SAC_POLICIES[sac]))
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -106,7 +106,7 @@ def train_rank_fsdp(case: Case) -> dict:
     train = case.train
     torch.manual_seed(train.seed)  # identical initial weights on every rank before sharding
     model = build_model(case.model, device)
-    enable_checkpointing(model, case.every_n_layers, case.offload)
+    enable_checkpointing(model, case.every_n_layers, case.offload, case.recompute)
     full_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     n_param_tensors = len(list(model.parameters()))
     layout = shard_model(model, device, case.setup.autocast)

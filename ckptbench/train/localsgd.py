@@ -182,7 +182,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
 
     torch.manual_seed(train.seed)  # identical initial weights on every rank (DDP also broadcasts them)
     model = build_model(case.model, accelerator.device)
-    enable_checkpointing(model, case.every_n_layers, case.offload)
+    enable_checkpointing(model, case.every_n_layers, case.offload, case.recompute)
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)

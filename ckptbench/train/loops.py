@@ -13,8 +13,9 @@
   ``forward_loss``), ``accelerator.clip_grad_norm_`` (the backward is over) and ``get_batch_samples``
   (the update step's batches, which the probe counts as it counts the manual loop's batch).
 
-Every loop runs ``warmup + memory + timed`` optimizer steps and reports each to a *schedule* (the worker's:
-``kind(k)``, ``begin(k)``, ``end(k, loss)``, and ``marks``, the memory step's probes, see
+Every loop runs the optimizer steps its *schedule* yields (``for k in schedule``: warm-up, memory, then
+timed steps until the schedule has timed enough) and reports each to it (the worker's: ``kind(k)``,
+``begin(k)``, ``end(k, loss)``, ``done``, and ``marks``, the memory step's probes, see
 :class:`ckptbench.run.memory_step.MemoryStepMarks`).  The loop decides nothing about measuring.
 """
 
@@ -25,7 +26,7 @@ import tempfile
 import torch
 
 from ..spec import Case
-from .checkpointing import enable_checkpointing
+from .checkpointing import checkpoint_kwargs, enable_checkpointing, select_layers
 from .optimizers import build_optimizer, trainer_choice
 from .precision import Amp
 from .step import forward_loss, train_step
@@ -57,12 +58,12 @@ class ManualLoop:
 
     def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
         self.case, self.model, self.batch = case, model, batch
-        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload, case.recompute)
         self.optimizer = build_optimizer(case.setup, model, case.train.lr)
         self.amp = Amp.of(case)
 
     def run(self, schedule) -> None:
-        for k in range(schedule.total):
+        for k in schedule:
             schedule.begin(k)
             if schedule.kind(k) == "memory":
                 loss = memory_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp,
@@ -83,7 +84,7 @@ class AccelerateLoop:
         from accelerate import Accelerator
 
         self.case, self.batch = case, batch
-        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload)
+        self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload, case.recompute)
         self.accelerator = Accelerator(mixed_precision=ACCELERATE_PRECISION[case.setup.autocast],
                                        gradient_accumulation_steps=case.grad_accum, cpu=case.device == "cpu")
         optimizer = build_optimizer(case.setup, model, case.train.lr)
@@ -109,7 +110,7 @@ class AccelerateLoop:
         return loss.detach()
 
     def run(self, schedule) -> None:
-        for k in range(schedule.total):
+        for k in schedule:
             schedule.begin(k)
             marks = schedule.marks if schedule.kind(k) == "memory" else None
             if marks:
@@ -141,28 +142,31 @@ def training_arguments(case: Case, output_dir: str, max_steps: int):
     """The ``TrainingArguments`` a user writes for this point (only what ckptbench must fix is set)."""
     from transformers import TrainingArguments
 
-    n, mixed = case.every_n_layers, case.setup.autocast
+    mixed, layers = case.setup.autocast, case.recompute.layers
+    # a layer set: every block through Trainer's call, then the set (TrainerLoop's on_train_begin)
+    n = 1 if layers else case.every_n_layers
     optim, _ = trainer_choice(case.setup, case.train.lr)
     return TrainingArguments(
         output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=case.batch_size,
         gradient_accumulation_steps=case.grad_accum, learning_rate=case.train.lr, lr_scheduler_type="constant",
         **optim, bf16=mixed == "bf16", fp16=mixed == "fp16", seed=case.train.seed,
         activation_checkpointing=n > 0,
-        activation_checkpointing_kwargs={"use_reentrant": False, "every_n_layers": n, "offload": case.offload}
-        if n > 0 else None,
+        activation_checkpointing_kwargs={**checkpoint_kwargs(case.recompute.sac), "every_n_layers": n,
+                                         "offload": case.offload} if n > 0 else None,
         use_cpu=case.device == "cpu", eval_strategy="no", save_strategy="no", logging_strategy="no",
         report_to="none", disable_tqdm=True, dataloader_pin_memory=False, dataloader_num_workers=0,
     )
 
 
 class TrainerLoop:
-    """``Trainer.train()`` for ``warmup + memory + timed`` steps, probed through a callback and hooks."""
+    """``Trainer.train()`` for the schedule's steps (``max_steps`` its most, stopped early once it is done),
+    probed through a callback and hooks."""
 
     name = "trainer"
 
     def __init__(self, case: Case, model: torch.nn.Module, batch: torch.Tensor):
         self.case, self.model, self.batch = case, model, batch
-        self.checkpointing_api = "activation_checkpointing_enable" if case.every_n_layers > 0 else None
+        self.checkpointing_api = "activation_checkpointing_enable" if case.checkpointed_layers else None
         self.optimizer = None  # the one Trainer builds, seen by the probes
 
     def run(self, schedule) -> None:
@@ -175,6 +179,10 @@ class TrainerLoop:
         loop = self
 
         class Probes(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                if case.recompute.layers:  # Trainer has switched every block on: keep the set
+                    select_layers(kw["model"], case.recompute.layers)
+
             def on_step_begin(self, args, state, control, **kw):
                 k = state.global_step
                 losses.clear()
@@ -193,6 +201,8 @@ class TrainerLoop:
 
             def on_step_end(self, args, state, control, **kw):
                 schedule.end(state.global_step - 1, sum(float(x) for x in losses) / case.grad_accum if losses else None)
+                if schedule.done:  # the timed steps reached their precision or a cap: Trainer stops here
+                    control.should_training_stop = True
 
         with tempfile.TemporaryDirectory(prefix="ckptbench-trainer-") as out:
             _, cls_and_kwargs = trainer_choice(case.setup, case.train.lr)

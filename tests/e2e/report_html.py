@@ -68,11 +68,12 @@ def decoded_svgs(page: Page) -> list[str]:
     return out
 
 
-SVG_RESOURCE = re.compile(r'(?:xlink:)?href="(?!#)([^"]*)"|url\((?!#)[^)]*\)')
+SVG_RESOURCE = re.compile(r'(?:xlink:)?href="(?!#|data:)([^"]*)"|url\((?!#|data:)[^)]*\)')
 
 
 def svg_resources(svg: str) -> list[str]:
-    """References inside an SVG that would load something (not same-document #ids).
+    """References inside an SVG that would load something (not same-document #ids, not data: URIs, which
+    carry what they show: a rasterized line is an embedded PNG).
 
     The xmlns="http://www.w3.org/2000/svg" namespace and the metadata's rdf:resource URIs name things;
     they load nothing, so they are not counted.

@@ -17,6 +17,7 @@ import pytest
 from ckptbench.cli import main
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
+from ckptbench.store.machine_speed import load_readings
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite import load_suite
 
@@ -34,6 +35,7 @@ preset = "llama-tiny"
 warmup_steps = 1
 memory_steps = 1
 steps = 5
+max_steps = 5  # exactly 5 timed steps a side: the test below names them
 threads = 1
 
 [sweep]
@@ -90,6 +92,14 @@ def test_a_run_compared_with_itself_passes(baseline, capsys):
     assert code == 0
     assert _regression_lines(out) == []
     assert "no regression among 2 compared points" in out
+    assert "machine speed: the calibration kernel (fp32 matmul" in out and "within its noise" in out
+
+
+def test_each_sweep_times_the_calibration_kernel_at_its_start_and_end(baseline, slowed):
+    for run in (baseline, slowed):
+        readings = load_readings(run)
+        assert [r["at"] for r in readings] == ["start", "start", "end", "end"]
+        assert all(r["threads"] == 1 and len(r["times_s"]) == 7 and min(r["times_s"]) > 0 for r in readings)
 
 
 def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, capsys):
@@ -107,6 +117,8 @@ def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, c
     assert point["regressed"] and step["regressed"]
     assert step["new"] >= 0.05  # the injected sleep is inside the timed step
     assert step["verdict"] == "regression" and step["p_value"] < 0.01  # 5 steps against 5, all slower
+    assert step["test"] == "one-sided Welch t on log times, 5 vs 5 steps"
+    assert 0.9 <= step["old_ci_coverage"] <= 1  # a bootstrap interval over 5 steps: about 94 %, not 95
     assert step["old_ci"][1] < step["new_ci"][0]
     tokens = next(d for d in point["deltas"] if d["quantity"] == "tokens_per_s")
     assert tokens["regressed"]

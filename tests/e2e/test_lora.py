@@ -85,6 +85,7 @@ attn = "sdpa"
 warmup_steps = 1
 memory_steps = 1
 steps = 1
+max_steps = 1
 lora = {{ r = 8, quantize = "{quantize}" }}
 
 [sweep]

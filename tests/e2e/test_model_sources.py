@@ -34,6 +34,7 @@ vocab = 256
 warmup_steps = 1
 memory_steps = 1
 steps = 1
+max_steps = 1
 [sweep]
 batch_size = [2]
 seq_len = [32]

@@ -74,6 +74,7 @@ attn = "eager"
 [train]
 warmup_steps = 1
 steps = 3
+max_steps = 3
 threads = 1
 [data]
 source = "stdlib"

@@ -89,6 +89,7 @@ attn = "eager"
 warmup_steps = 1
 memory_steps = 1
 steps = 1
+max_steps = 1
 
 [sweep]
 batch_size = [1]

@@ -27,7 +27,7 @@ SEQ = 128
 def _suite(name: str, batches: list[int], every_n: list[int], extra: str = "") -> str:
     """llama-small (eager) at SEQ, one step of each kind: the planner's model, run for real."""
     return (f'[suite]\nname = "{name}"\n{extra}\n[model]\npreset = "llama-small"\nattn = "eager"\n'
-            f"[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\n"
+            f"[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\nmax_steps = 1\n"
             f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = {every_n}\n")
 
 

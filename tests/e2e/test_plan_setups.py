@@ -40,7 +40,7 @@ def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_
     suite = load_suite(write_suite(
         f'[suite]\nname = "plan-lora"\nmemory_budget_gib = {LORA_BUDGET_GIB}\n'
         '[model]\npreset = "llama-small"\nattn = "eager"\n'
-        "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\nlora = { r = 8 }\n"
+        "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\nmax_steps = 1\nlora = { r = 8 }\n"
         f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = [0, 1]\n"))
     run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
     status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]

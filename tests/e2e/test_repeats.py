@@ -21,7 +21,7 @@ def _lines(out) -> list[dict]:
 
 
 def test_repeats_are_interleaved_identical_in_memory_and_pooled_in_time(tmp_path, write_suite):
-    suite = load_suite(write_suite())  # two points, 2 timed steps each
+    suite = load_suite(write_suite())  # two points, 2 to 8 timed steps each
     ids = [c.id for c in suite.cases]
     run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run"), repeats=3), annotate=annotate_record)
     lines = _lines(tmp_path / "run")
@@ -36,9 +36,13 @@ def test_repeats_are_interleaved_identical_in_memory_and_pooled_in_time(tmp_path
     for case_id, record in merged.items():
         m = record["measurement"]
         pooled = [t for r in lines if r["case_id"] == case_id for t in r["measurement"]["step_times_s"]]
-        assert m["step_times_s"] == pooled and len(pooled) == 6
+        each = [r["measurement"]["timed_steps"] for r in lines if r["case_id"] == case_id]
+        assert m["step_times_s"] == pooled and len(pooled) == sum(each) == m["timed_steps"]
+        assert all(2 <= n <= 8 for n in each) and record["repeats"]["timing_stopped_by"]
         low, high = m["step_time_ci95_s"]
         assert low <= m["step_time_median_s"] <= high
+        # over one median per repeat: [min, max] of 3, which covers 75 %, and says so
+        assert (m["step_time_ci_unit"], m["step_time_ci_n"], m["step_time_ci_coverage"]) == ("repeat", 3, 0.75)
         assert record["repeats"]["n"] == 3 and record["repeats"]["memory_identical"]
         assert record["verdict"] == "pass"
 

@@ -15,6 +15,7 @@ from ckptbench.report.render import SECTIONS, render_report
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import RECORDS, load_records
+from ckptbench.store.timelines import TIMELINES, Timelines
 from ckptbench.suite import load_suite, parse_suite
 from ckptbench.theory.annotate import annotate_record
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 HEADINGS = dict(SECTIONS)
 # Sections a single-process smoke run has data for (local SGD needs world_size > 1; baseline needs one).
-SMOKE_SECTIONS = ("headline", "memory", "pareto", "checks", "breakdown", "failures", "environment")
+SMOKE_SECTIONS = ("headline", "memory", "pareto", "checks", "breakdown", "timeline", "failures", "environment")
 LABEL = "<script>alert(1)</script>"
 
 
@@ -55,6 +56,23 @@ def test_all_sections_present(smoke):
     assert "could not be rendered" not in smoke.html
 
 
+def test_timelines_are_kept_beside_the_records_and_drawn_from_there(smoke):
+    ok = [r for r in smoke.records if r["status"] == "ok"]
+    lines = (smoke.dir / TIMELINES).read_bytes().splitlines()
+    assert len(ok) == 4 and len(lines) == len(ok)  # one line per ok point; the crashed point has none
+    for line in (smoke.dir / RECORDS).read_bytes().splitlines():
+        assert len(line) < 12 * 1024 and b'"timeline": {' not in line
+    timelines = Timelines(str(smoke.dir))
+    for r in ok:
+        m = r["measurement"]
+        tl = timelines.get(r)
+        assert m["timeline_stored"] == TIMELINES and m["timeline_samples"] == len(tl["bytes"])
+        assert max(tl["bytes"]) == m["peak_bytes"] and tl["bytes"][tl["event"].index(tl["peak_event"])] == m["peak_bytes"]
+    assert timelines.problems == []
+    section = smoke.html.split('<section id="timeline">', 1)[1].split("</section>", 1)[0]
+    assert section.count("<img ") == 1 and 'class="absent"' not in section
+
+
 def test_figures_are_embedded_and_nothing_is_fetched(smoke):
     page = smoke.page
     assert len(page.images) >= 4
@@ -71,15 +89,16 @@ def test_figures_are_embedded_and_nothing_is_fetched(smoke):
 
 def test_headline_answers_the_suite_budgets(smoke):
     questions = [row[0] for row in smoke.page.tables["headline"]]
-    assert questions[:2] == ["Lowest peak memory", "Fastest (tokens/s)"]
+    (seq,) = {c.seq_len for c in smoke.suite.cases}  # one sequence length: one set of questions
+    assert questions[:2] == [f"seq {seq}: lowest peak memory", f"seq {seq}: fastest"]
     for budget in smoke.suite.budgets_gib:
-        assert f"Fastest within {budget:g} GiB" in questions
+        assert f"seq {seq}: fastest within {budget:g} GiB" in questions
 
 
 def test_estimate_checks_table(smoke):
     checks = [c for r in smoke.records for c in r.get("checks") or []]
     if not checks:
-        assert "No estimate checks in this run" in smoke.html
+        assert HEADINGS["checks"] not in smoke.page.h2  # nothing to show: no section
         return
     quantities = {c["quantity"] for c in checks}
     assert len(smoke.page.tables["check-summary"]) == len(quantities)

@@ -31,6 +31,8 @@ preset = "llama-tiny"
 warmup_steps = 1
 memory_steps = 1
 steps = 1
+time_precision = 0.1
+max_steps = 6
 
 [sweep]
 batch_size = [1, 2]

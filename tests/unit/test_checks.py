@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec import Case, Timing, TrainSpec, preset
 from ckptbench.theory.annotate import annotate_record
 
 
@@ -29,7 +29,8 @@ def test_a_real_tiny_point_passes_every_check():
 
 def test_non_finite_losses_fail_the_record():
     # seq_len 1 leaves a causal LM nothing to predict: the loss is NaN (suites refuse it; measure() does not)
-    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1), batch_size=2, seq_len=1)
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(steps=1, timing=Timing(max_steps=1)), batch_size=2,
+                seq_len=1)
     record = _record(case, measure(case))
     annotate_record(case, record)
     assert record["verdict"] == "fail"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec import Case, Timing, TrainSpec, preset
 from ckptbench.theory import duration
 from ckptbench.theory.duration import Rates, point_seconds, project
 from ckptbench.theory.flops import hardware_flops_per_token
@@ -19,13 +19,20 @@ def test_a_point_is_overhead_plus_build_plus_its_steps_at_the_training_rate():
     case = Case(model=spec, train=TrainSpec(warmup_steps=1, memory_steps=1, steps=3), batch_size=2, seq_len=256,
                 every_n_layers=2)
     rates = Rates({("cpu", "fp32", 1): 80e9}, init_elements_per_s=2e8)
-    flops = 5 * hardware_flops_per_token(spec, 256, 2) * 2 * 256  # 5 steps, layers 0 and 2 recomputed
+    # 8 steps (1 warm-up, 1 memory, 6 timed: the fewest a 95 % interval of the median needs), layers 0 and 2
+    # recomputed
+    flops = 8 * hardware_flops_per_token(spec, 256, 2) * 2 * 256
     expected = duration.POINT_S + param_count(spec).total / 2e8 + flops / (duration.EFFICIENCY * 80e9)
     assert point_seconds(case, rates) == pytest.approx(expected, rel=1e-12)
-    # a torchrun group pays its start instead of a fork
     group = Case(model=spec, train=case.train, batch_size=2, seq_len=256, every_n_layers=2, world_size=2)
+    # a torchrun group pays its start instead of a fork, and times its fixed 3 steps
+    three = flops * 5 / 8
     assert point_seconds(group, rates) - point_seconds(case, rates) == pytest.approx(
-        duration.GROUP_POINT_S - duration.POINT_S)
+        duration.GROUP_POINT_S - duration.POINT_S - (flops - three) / (duration.EFFICIENCY * 80e9))
+    # a step cap below 6 is what a point runs
+    capped = Case(model=spec, train=TrainSpec(steps=3, timing=Timing(max_steps=4)), batch_size=2, seq_len=256,
+                  every_n_layers=2)
+    assert duration.timed_steps(capped) == 4
 
 
 def test_points_without_a_rate_here_are_counted_not_guessed():

@@ -26,8 +26,11 @@ RANKS = {
     "cards": -0.5,  # the GPUs plan knows by name, with the memory torch sees on them
     "preset_sizes": -0.5,  # each preset's parameter count, as transformers builds it
     "runsetup": -0.5,  # how a point is trained: precision, loop, adapters, sharding, optimizer
+    "trainspec": -0.5,  # the [train] settings every point shares, and how long its steps are timed
+    "strategy": -0.5,  # which layers are checkpointed beyond every n-th, and a SAC policy's kept operators
     "suitekeys": 0.75,  # the keys a suite file may hold, and the checker that names a wrong one
     "suitesetup": 0.8,  # the [train] table and the setup axes to Setups
+    "suitestrategy": 0.8,  # every_n_layers, checkpoint_layers and sac to each point's strategy
     "suite": 1,  # TOML in, Cases out
     "measure": 2,  # probes: see, never expect
     "train": 3,  # models, checkpointing, step loops (probed by measure)

@@ -162,3 +162,31 @@ def test_a_tied_model_whose_peak_is_the_embeddings_backward_is_exact():
     sim, est = simulate(spec, 1, 16), estimate(spec, 1, 16)
     assert sim.peak_phase == est.peak_phase == "backward-embedding"
     assert (sim.peak_bytes, sim.peak_breakdown) == (est.peak_bytes, est.peak_breakdown)
+
+
+# Layer sets every_n_layers cannot name (no layer 0, the last layer alone, a gap): the walk asks only which
+# layers are checkpointed, so it is as exact for them as for every_n's sets.
+# (preset, dtype, attn, autocast, layers, batch, seq) -> the phase of the peak
+LAYER_SETS = {
+    ("llama-tiny", "fp32", "eager", "", (0, 1, 3), 1, 4096): "backward-layer-3",
+    ("llama-tiny", "fp32", "sdpa", "", (3,), 1, 4096): "backward-layer-3",
+    ("llama-tiny", "fp32", "sdpa", "", (2,), 8, 64): "backward-head",
+    ("gpt2-tiny", "bf16", "eager", "", (1, 2), 2, 4096): "backward-layer-3",
+    ("qwen2-tiny", "bf16", "sdpa", "", (0, 3), 1, 4096): "backward-head",
+    ("llama-tiny", "fp32", "sdpa", "bf16", (1, 2), 2, 1024): "backward-head",
+}
+
+
+@pytest.mark.parametrize("point", list(LAYER_SETS), ids=lambda p: "-".join(map(str, p)).replace("--", "-"))
+def test_any_layer_set_is_exact_to_the_byte(point):
+    from ckptbench.spec import Recompute, Setup
+
+    name, dtype, attn, autocast, layers, batch, seq = point
+    spec = preset(name, dtype=dtype, attn=attn, max_positions=4096)
+    sim = simulate(spec, batch, seq, setup=Setup(autocast=autocast), recompute=Recompute(layers=layers))
+    est = estimate(spec, batch, seq, autocast=autocast, layers=layers)
+    assert sim.recomputed_layers == list(est.checkpointed_layers) == list(layers)
+    assert sim.checkpointed_input_bytes == est.checkpointed_input_bytes
+    assert sim.peak_phase == est.peak_phase == LAYER_SETS[point]
+    assert (sim.peak_bytes, sim.peak_breakdown) == (est.peak_bytes, est.peak_breakdown)
+    assert sim.mem_after_forward_bytes == est.mem_after_forward_bytes

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from ckptbench.report import columns, tables
+from ckptbench.report import columns, headline, tables
 from ckptbench.report.render import SECTIONS, build_context, render_report
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
@@ -105,11 +105,15 @@ def test_pareto_mask():
 
 def test_headline_budgets():
     t = columns.tidy(to_frame(ckpt_run()))
-    rows = {r["question"]: r for r in tables.headline(t, (0.1, 0.0001))}
-    assert rows["Lowest peak memory"]["value"] == "32.00 MiB"
-    assert rows["Fastest within 0.0001 GiB"]["answer"] == "no measured point fits"
-    # none at seq 128 (128 MiB) is over 0.1 GiB; every-2 at seq 128 (96 MiB) has the most tokens/s under it
-    assert rows["Fastest within 0.1 GiB"]["answer"].endswith("every-2 · batch 2 · seq 128")
+    rows = {r["question"]: r for r in headline.headline(t, (0.1, 0.0001))}
+    assert rows["seq 64: lowest peak memory"]["value"] == "32.00 MiB"
+    assert rows["seq 128: fastest within 0.0001 GiB"]["answer"] == "no measured point fits"
+    # none at seq 128 (128 MiB) is over 0.1 GiB; every-2 at seq 128 (96 MiB) has the most tokens/s under it,
+    # but these records carry no step times: no interval, so nothing is separated from anything
+    within = rows["seq 128: fastest within 0.1 GiB"]
+    assert within["answer"].startswith("tied within noise: every-2, ")
+    assert within["value"].startswith("best median") and "too few steps for an interval" in within["value"]
+    assert rows["seq 64: fastest"]["against"].startswith("none: is no checkpointing")
 
 
 def test_estimate_and_checks_sections(tmp_path):
@@ -121,7 +125,7 @@ def test_estimate_and_checks_sections(tmp_path):
     assert "Dashed: analytic estimate" in html
     assert "Measured vs estimate" in html
     assert html.count("<tr class=\"fail\">") == 6 + 1  # six failed checks, one failing quantity
-    assert HEADINGS["localsgd"] + " (no data in this run)" in html
+    assert HEADINGS["localsgd"] not in html  # no data, no heading and no entry in the contents
     assert "out of memory" in html and "OutOfMemoryError" in html
 
 
@@ -132,9 +136,9 @@ def test_local_sgd_section(tmp_path):
     run = write(tmp_path, recs)
     html = open(render_report(str(run), str(tmp_path / "r.html"))).read()
     assert f"<h2>{HEADINGS['localsgd']}</h2>" in html
-    assert "Communication per step vs K" in html and "Loss vs step per K" in html
+    assert "Communication per step vs K" in html and "Training loss vs step per K (smoothed)" in html
     assert html.count("<td>DDP</td>") == 1
-    assert "No estimate checks in this run" in html
+    assert HEADINGS["checks"] not in html  # the records carry no checks: no section
     assert "could not be rendered" not in html
 
 
@@ -157,4 +161,118 @@ def test_a_broken_section_is_a_note_not_a_traceback(tmp_path, monkeypatch):
     run = write(tmp_path, ckpt_run())
     html = open(render_report(str(run), str(tmp_path / "r.html"))).read()
     assert "section &#39;breakdown&#39; could not be rendered: ValueError: no" in html
-    assert HEADINGS["breakdown"] + " (no data in this run)" in html
+    assert HEADINGS["breakdown"] not in html
+
+
+ENV = {"python": "3.11.7", "torch_version": "2.13.0+cpu", "cuda_runtime": None, "transformers_version": "5.23.0",
+       "cpu": "AMD EPYC", "cpu_count": 2, "torch_threads": 1, "thread_env": "unset", "cuda_available": False,
+       "nvml": "not available (no driver)", "driver": None, "driver_cuda": None, "nvml_devices": [], "devices": [],
+       "ckptbench_version": "0.1.0", "git_commit": "abc123", "nvidia-ml-py_version": None,
+       "extra_list": ["a", "b"]}
+
+
+def env_run(tmp_path):
+    recs = []
+    for i, (seq, load) in enumerate(((64, "1.50 1.20 1.00"), (128, "2.50 1.40 1.10"), (256, "3.00 1.60 1.20"))):
+        r = record(seq=seq)
+        r["env"] = {**ENV, "load_average": load, **({"transformers_version": "5.24.0"} if i == 2 else {})}
+        r["finished_at"] = f"2026-01-01T00:00:0{i}+0000"
+        recs.append(r)
+    return write(tmp_path, recs)
+
+
+def test_environment_is_labelled_rows_with_the_load_summarised(tmp_path):
+    from tests.e2e.report_html import Page
+
+    html = open(render_report(str(env_run(tmp_path)), str(tmp_path / "r.html"))).read()
+    env = html.split('<table class="environment">', 1)[1].split("</table>", 1)[0]
+    rows = dict((th, td) for th, td in
+                (cell.split("</th><td>") for cell in env.replace("<tr><th>", "\n").replace("</td></tr>", "").split("\n")[1:]))
+    assert rows == {
+        "ckptbench": "0.1.0, commit abc123",
+        "Python": "3.11.7",
+        "torch": "2.13.0+cpu (CPU-only build)",
+        "transformers": "5.23.0 (2 points); 5.24.0 (1 point)",  # a value that differs between points: each, counted
+        "nvidia-ml-py": "not installed",
+        "CPU": "AMD EPYC, 2 logical cores",
+        "Threads": "1 torch thread per process; OMP/MKL/OpenBLAS thread variables unset",
+        "CUDA": "not available",
+        "NVML": "not available (no driver)",
+        "extra list": "a, b",  # a key no row knows: under its own name, the list joined
+        "Load average": "1-minute load as each point ended, over 3 points: min 1.50, median 2.50, max 3.00, "
+                        "against 2 logical cores; 2 points ended with more load than cores",
+    }
+    assert "[" not in env and "1.50 1.20 1.00" not in env  # no Python list text, no bare triples
+    page = Page(html)
+    assert page.tables["load-points"] == [
+        ["2026-01-01T00:00:00+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 64", "1.50", "1.20", "1.00"],
+        ["2026-01-01T00:00:01+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 128", "2.50", "1.40", "1.10"],
+        ["2026-01-01T00:00:02+0000", "llama-tiny · fp32 · eager · dropout off · none · batch 2 · seq 256", "3.00", "1.60", "1.20"]]
+    assert '<details class="load"><summary>Load average per point (3 points)</summary>' in html  # folded
+    assert html.count('<tr class="fail"><td>2026-01-01') == 2  # the two points above the core count, shaded
+
+
+def test_check_values_in_their_units_and_tolerances_in_percent():
+    from ckptbench.report.check_format import cells, tolerance_text, tolerances_text, value_cell
+
+    assert [tolerance_text(t) for t in (0.05, 0.1, 0.2, 0.005, 0.0, 0, None)] == \
+        ["±5 %", "±10 %", "±20 %", "±0.5 %", "exact", "exact", "–"]
+    assert tolerances_text([0.05, 0.2, 0.05, None]) == "±5 %, ±20 %"
+    row = cells({"quantity": "peak_bytes", "measured": 56939804, "estimated": 56922396, "ratio": 1.0003058,
+                 "tolerance": 0.05, "difference": 17408})
+    assert (row["measured"].text, row["measured"].title) == ("54.30 MiB", "56,939,804 B")
+    assert (row["difference"].text, row["difference"].title) == ("+17.00 KiB", "+17,408 B")
+    assert (row["ratio"], row["tolerance"]) == ("1.0003", "±5 %")
+    assert value_cell(-5 * MIB, "saved_bytes", signed=True).text == "-5.00 MiB"
+    assert (value_cell(4, "saved_bytes", signed=True).text, value_cell(4, "saved_bytes").title) == ("+4 B", "")
+    assert value_cell(2629828608, "hardware_flops").text == "2.63 GFLOP"
+    assert value_cell(2629828608, "hardware_flops").title == "2,629,828,608 FLOP"
+    assert value_cell(741, "allreduce_count").text == "741"  # a count, not bytes
+    assert value_cell([], "recomputed_layers").text == "none"
+    assert value_cell([0, 2], "recomputed_layers").text == "0, 2"
+    assert value_cell("optimizer", "peak_phase").text == "optimizer"
+    assert value_cell(None, "peak_bytes").text == "–"
+
+
+def test_checks_table_text(tmp_path):
+    from tests.e2e.report_html import Page
+
+    html = open(render_report(str(write(tmp_path, ckpt_run(), SUITE)), str(tmp_path / "r.html"))).read()
+    page = Page(html)
+    summary = page.tables["check-summary"]
+    assert [row[0] for row in summary] == ["mem_after_forward_bytes", "peak_bytes"]  # failing quantity first
+    assert [row[-1] for row in summary] == ["±5 %", "±10 %"]
+    rows = page.tables["check-rows"]
+    assert [r[0] for r in rows] == ["fail"] * 6 + ["pass"] * 10  # failures first
+    first = rows[0]  # every-2 at seq 64: 48 MiB peak, after forward 0.8 × 48 MiB against 0.75 × 48 MiB
+    assert first[1:] == ["mem_after_forward_bytes", "llama-tiny · fp32 · eager · dropout off · every-2 · batch 2 · seq 64",
+                         "38.40 MiB", "36.00 MiB", "1.0667", "±5 %", "+2.40 MiB"]
+    assert '<td class="num" title="40,265,318.4 B">38.40 MiB</td>' in html  # the exact figure on hover
+    assert '<td class="num" title="+2,516,582.4 B">+2.40 MiB</td>' in html
+
+
+def test_sections_without_data_are_left_out(tmp_path):
+    """No local SGD, no failure, no baseline, no plan: none of their headings, not even in the contents."""
+    from tests.e2e.report_html import Page
+
+    recs = [r for r in ckpt_run() if r["status"] == "ok"]
+    html = open(render_report(str(write(tmp_path, recs, SUITE)), str(tmp_path / "r.html"))).read()
+    page = Page(html)
+    for key in ("localsgd", "failures", "baseline", "plan"):
+        assert HEADINGS[key] not in page.h2, key
+        assert f'href="#{key}"' not in html and f'id="{key}"' not in html, key
+    assert "no data in this run" not in html and "finished ok." not in html
+    # the sections that have data, in the order SECTIONS gives, each once in the contents
+    present = [heading for key, heading in SECTIONS if key in ("headline", "memory", "pareto", "checks", "breakdown",
+                                                               "environment")]
+    assert page.h2 == present
+    assert [ref for tag, _, ref in page.refs if tag == "a"] == [f"#{key}" for key, h in SECTIONS if h in present]
+
+
+def test_environment_and_check_text_from_records_is_escaped(tmp_path):
+    label = '<script>alert(1)</script>"'
+    r = record(every_n=2)
+    r["env"] = {**ENV, "hostname": label, "devices": [label], "load_average": "1.0 1.0 1.0"}
+    r["checks"][0].update(quantity="peak_phase", measured=label, estimated="optimizer", difference=label)
+    html = open(render_report(str(write(tmp_path, [r])), str(tmp_path / "r.html"))).read()
+    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in html

@@ -14,6 +14,8 @@ import re
 import numpy as np
 import pytest
 
+from ckptbench.measure import interval
+from ckptbench.measure.interval import ranks
 from ckptbench.report import compare as compare_view
 from ckptbench.report.checks import csv_path
 from ckptbench.report.render import render_report
@@ -26,25 +28,20 @@ N = 5000
 # The old page listed every check of every record: 5,000 records × 16 checks came to some 35 MB.
 # Summaries, the failing checks and the figures fit in a small fraction of that.
 HTML_BOUND = 4 * 2**20
-TAIL = (1 - stats.CONFIDENCE) / 2
 
 
-def _old_median_ci(samples):
-    """The interval one sample at a time, as it was drawn before intervals were batched."""
+def _one_interval(samples, level=stats.CONFIDENCE):
+    """The interval of one sample alone, as the order statistics define it."""
     if len(samples) < 3:
         return None
-    rng = np.random.default_rng(stats.SEED)
-    medians = np.median(rng.choice(np.asarray(samples, float), size=(stats.RESAMPLES, len(samples))), axis=1)
-    return float(np.quantile(medians, TAIL)), float(np.quantile(medians, 1 - TAIL))
+    k, _ = ranks(len(samples), level)
+    ordered = sorted(samples)
+    return ordered[k - 1], ordered[len(samples) - k]
 
 
-def _old_ratio_ci(num, den):
-    if len(num) < 3 or len(den) < 3:
-        return None
-    rng = np.random.default_rng(stats.SEED)
-    a = np.median(rng.choice(np.asarray(num, float), size=(stats.RESAMPLES, len(num))), axis=1)
-    b = np.median(rng.choice(np.asarray(den, float), size=(stats.RESAMPLES, len(den))), axis=1)
-    return float(np.quantile(a / b, TAIL)), float(np.quantile(a / b, 1 - TAIL))
+def _one_ratio(num, den):
+    a, b = _one_interval(num, stats.CONFIDENCE ** 0.5), _one_interval(den, stats.CONFIDENCE ** 0.5)
+    return None if a is None or b is None else (a[0] / b[1], a[1] / b[0])
 
 
 def _samples(k: int, seed: int = 3) -> list[list[float]]:
@@ -55,9 +52,9 @@ def _samples(k: int, seed: int = 3) -> list[list[float]]:
 
 def test_batched_intervals_are_the_intervals_drawn_one_at_a_time():
     samples = _samples(200)
-    assert stats.median_cis(samples) == [_old_median_ci(s) for s in samples]
+    assert [ci and tuple(ci) for ci in stats.median_cis(samples)] == [_one_interval(s) for s in samples]
     pairs = list(zip(samples, reversed(samples)))
-    assert stats.ratio_cis(pairs) == [_old_ratio_ci(a, b) for a, b in pairs]
+    assert [ci and tuple(ci) for ci in stats.ratio_cis(pairs)] == [_one_ratio(a, b) for a, b in pairs]
 
 
 def test_batched_rank_tests_are_the_tests_run_one_at_a_time():
@@ -74,6 +71,24 @@ def test_batched_rank_tests_are_the_tests_run_one_at_a_time():
     got = stats.p_values(triples)
     assert [g is None for g in got] == [e is None for e in expected]
     assert all(g == e or math.isclose(g, e, rel_tol=1e-12) for g, e in zip(got, expected) if e is not None)
+
+
+def test_batched_welch_tests_are_scipys_welch_test_run_one_at_a_time():
+    pytest.importorskip("scipy")
+    from scipy.stats import ttest_ind
+
+    from ckptbench.store import significance
+
+    samples = _samples(120)
+    triples = [(a, [t * 1.07 for t in b], "slower" if k % 2 else "faster")
+               for k, (a, b) in enumerate(zip(samples, samples[1:]))]
+    expected = [None if len(o) < 2 or len(n) < 2 else
+                float(ttest_ind(np.log(n), np.log(o), equal_var=False,
+                                alternative="greater" if d == "slower" else "less").pvalue) for o, n, d in triples]
+    got = significance.p_values(triples)
+    assert [g is None for g in got] == [e is None for e in expected] and sum(e is not None for e in expected) > 80
+    assert all(math.isclose(g, e, rel_tol=1e-9) for g, e in zip(got, expected) if e is not None)
+    assert significance.p_values([([0.1], [0.2, 0.3], "slower")]) == [None]  # one time: nothing to test
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +126,8 @@ def test_a_large_run_renders_a_bounded_page_with_every_failing_check(big_run, tm
 
 def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
     calls = []
-    real = stats._medians
-    monkeypatch.setattr(stats, "_medians", lambda rows, idx: calls.append(len(rows)) or real(rows, idx))
+    real = interval.np.sort
+    monkeypatch.setattr(interval.np, "sort", lambda rows, axis: calls.append(len(rows)) or real(rows, axis=axis))
     loaded = load_records(big_run)
     assert sum(calls) == N  # every record's interval ...
     assert len(calls) <= 10  # ... in a handful of array operations, not one per record
@@ -121,17 +136,17 @@ def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
 
 def test_compare_runs_its_tests_in_batches_and_draws_only_what_moved(monkeypatch):
     pytest.importorskip("scipy")
-    import scipy.stats
+    from ckptbench.store import significance
 
     old, new = synthetic_records(N, seed=0), synthetic_records(N, seed=1)
     tests = []
-    real = scipy.stats.mannwhitneyu
-    monkeypatch.setattr(scipy.stats, "mannwhitneyu", lambda *a, **k: tests.append(1) or real(*a, **k))
+    real = significance.welch
+    monkeypatch.setattr(significance, "welch", lambda *a, **k: tests.append(1) or real(*a, **k))
     comparison = compare_runs(old, new)
     assert len(comparison.points) == N
     timed = sum(1 for p in comparison.points for d in p.deltas if d.p_value is not None)
     assert timed >= N  # every point's times were tested ...
-    assert len(tests) <= 16  # ... in a few calls (by sizes, direction and ties), not one per point
+    assert len(tests) <= 4  # ... in a few calls (one per pair of sample sizes), not one per point
     shown = compare_view.shown_points(comparison)
     assert len(shown) == compare_view.TABLE_POINTS and all(compare_view.notable(p) for p in shown)
     regressions = comparison.regressions
@@ -271,3 +286,23 @@ def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monk
         store_compare.compare_paths(str(tmp_path / "bad_old"), str(tmp_path / "bad_new"))
     with pytest.raises(UsageError, match="bad_new"):
         store_compare.compare_paths(old, str(tmp_path / "bad_new"))
+
+
+def test_a_run_with_timelines_beside_its_records_parses_only_those_it_draws(tmp_path, monkeypatch):
+    """Records stay small and are read without their timelines; the report parses a line per series drawn."""
+    from ckptbench.store import timelines as tl_store
+
+    run = write_run(str(tmp_path / "run"), 600, timelines=True)
+    with open(os.path.join(run, "records.jsonl"), "rb") as fh:
+        assert max(len(line) for line in fh) < 12 * 1024
+    assert os.path.getsize(os.path.join(run, tl_store.TIMELINES)) > 500 * 20_000
+    parsed = []
+    real = tl_store._parse
+    monkeypatch.setattr(tl_store, "_parse", lambda data: parsed.append(len(data)) or real(data))
+    loaded = load_records(run)
+    assert parsed == [] and not loaded.problems
+    html = open(render_report(run, str(tmp_path / "r.html"), loaded=loaded), encoding="utf-8").read()
+    section = html.split('<section id="timeline">', 1)[1].split("</section>", 1)[0]
+    drawn = re.findall(r"live bytes over the memory step for ([^,]*), and saved bytes", section)
+    assert drawn and 'class="absent"' not in section
+    assert len(parsed) == sum(len(d.split(" vs ")) for d in drawn) <= 12

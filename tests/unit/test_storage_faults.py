@@ -109,6 +109,7 @@ def quick_sweep(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep, "IsolatedRunner", _FakeRunner)
     monkeypatch.setattr(calibration, "machine_rates", lambda cases: (None, "not measured in this test"))
+    monkeypatch.setattr(sweep, "take_readings", lambda *args, **kwargs: [])  # no calibration kernel either
     suite = tmp_path / "suite.toml"
     suite.write_text(SUITE)
     out = str(tmp_path / "run")
@@ -169,3 +170,111 @@ def test_a_read_only_out_folder_is_one_line_and_exit_2(quick_sweep, capsys):
         os.chmod(out, 0o755)
     errors = _error_lines(capsys.readouterr().err)
     assert len(errors) == 1 and "permission denied (EACCES)" in errors[0] and out in errors[0]
+
+
+# -- the memory timeline's line in timelines.jsonl: secondary to the record --------------------------------
+TIMELINE = {"meter": "cpu-live-storages", "unit": "bytes", "events": 2, "event": [0, 1, 2], "bytes": [5, 9, 4],
+            "peak_event": 1, "marks": [[0, "forward"]], "marks_dropped": 0, "max_samples": 2000}
+
+
+def _timeline_record(case_id: str) -> dict:
+    return {"case_id": case_id, "repeat": 0, "attempt": 1, "status": "ok", "case": CASE,
+            "measurement": {"peak_bytes": 9, "timeline": dict(TIMELINE)}}
+
+
+def _fail_timeline_lines(monkeypatch, everything: bool = False) -> None:
+    """The disk fills halfway through each timeline's line (and, with `everything`, each record's too)."""
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        if b'"timeline": {' in data or (everything and data.startswith(b'{"')):
+            real_write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_full)
+
+
+def test_a_timeline_that_fills_the_disk_costs_the_timeline_not_the_record(tmp_path, monkeypatch):
+    from ckptbench.store.timelines import TIMELINES, Timelines
+
+    store = RecordStore(str(tmp_path))
+    store.append(_timeline_record("a"))
+    side = tmp_path / TIMELINES
+    before = side.read_bytes()
+    _fail_timeline_lines(monkeypatch)
+    store.append(_timeline_record("b"))  # no error: the record is written, saying why it has no timeline
+    monkeypatch.undo()
+    assert side.read_bytes() == before  # the half line is cut back
+    store.append(_timeline_record("c"))  # space again
+    loaded = load_records(str(tmp_path))
+    assert [r["case_id"] for r in loaded.records] == ["a", "b", "c"] and loaded.problems == []
+    b = loaded.records[1]["measurement"]
+    assert b["timeline_note"] == f"timeline not stored: disk full (ENOSPC) writing {side}"
+    assert "timeline_stored" not in b and "timeline" not in b
+    timelines = Timelines(str(tmp_path))
+    assert [timelines.get(r) for r in loaded.records] == [TIMELINE, None, TIMELINE] and timelines.problems == []
+
+
+def test_a_disk_full_for_the_timeline_and_the_record_is_the_records_error(tmp_path, monkeypatch):
+    store = RecordStore(str(tmp_path))
+    store.append(_timeline_record("a"))
+    files = {name: (tmp_path / name).read_bytes() for name in ("records.jsonl", "timelines.jsonl")}
+    _fail_timeline_lines(monkeypatch, everything=True)
+    with pytest.raises(StorageError, match=r"disk full \(ENOSPC\) writing .*records.jsonl"):
+        store.append(_timeline_record("b"))
+    monkeypatch.undo()
+    assert {name: (tmp_path / name).read_bytes() for name in files} == files
+
+
+class _TimelineRunner(_FakeRunner):
+    """Every point ends at once, ok, with a memory timeline (no worker, no torch)."""
+
+    def run(self, case, *args, **kwargs) -> dict:
+        return {"status": "ok", "reason": "", "wall_s": 0.0,
+                "measurement": {"peak_bytes": 9, "timeline": dict(TIMELINE)}}
+
+
+@pytest.fixture
+def timeline_sweep(quick_sweep, monkeypatch):
+    from ckptbench.run import sweep
+
+    monkeypatch.setattr(sweep, "IsolatedRunner", _TimelineRunner)
+    return quick_sweep
+
+
+def test_a_sweep_whose_timelines_fill_the_disk_records_every_point(timeline_sweep, monkeypatch, capsys):
+    run, out = timeline_sweep
+    _fail_timeline_lines(monkeypatch)
+    assert run() == 0
+    monkeypatch.undo()
+    loaded = load_records(out)
+    assert len(loaded.records) == 3 and loaded.problems == [] and _leftovers(out) == []
+    for r in loaded.records:
+        assert r["measurement"]["timeline_note"].startswith("timeline not stored: disk full (ENOSPC) writing ")
+    assert os.path.getsize(os.path.join(out, "timelines.jsonl")) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_disk_that_fills_under_timelines_ends_as_the_records_error(timeline_sweep, monkeypatch, capsys):
+    run, out = timeline_sweep
+    real_write, lines = os.write, []
+
+    def full_after_one_point(fd, data):
+        if data.startswith(b'{"'):
+            lines.append(data)
+            if len(lines) > 2:  # the first point's timeline and record, then nothing
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_after_one_point)
+    assert run() == EXIT_STORAGE
+    monkeypatch.undo()
+    errors = _error_lines(capsys.readouterr().err)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: disk full (ENOSPC) writing {os.path.join(out, 'records.jsonl')}; what was written before is kept")
+    loaded = load_records(out)
+    assert len(loaded.records) == 1 and loaded.problems == []
+    assert loaded.records[0]["measurement"]["timeline_stored"] == "timelines.jsonl"
+    with open(os.path.join(out, "timelines.jsonl"), "rb") as fh:
+        assert len(fh.read().splitlines()) == 1

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ckptbench import suite as suite_mod
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec import Case, Timing, TrainSpec, preset
 from ckptbench.suite import SuiteError, load_suite, parse_suite
 
 BASE = {
@@ -40,6 +40,21 @@ def test_case_ids_are_stable_and_distinct():
     case = a.cases[0]
     assert Case.from_dict(case.to_dict()) == case
     assert Case.from_dict(case.to_dict()).id == case.id
+
+
+def test_timing_at_its_defaults_keeps_every_id_and_any_other_timing_is_another_point():
+    plain = parse_suite(suite_text(), "x.toml")
+    same = parse_suite(suite_text(train="time_precision = 0.02\nmax_steps = 50\nmax_time_s = 20"), "x.toml")
+    assert [c.id for c in same.cases] == [c.id for c in plain.cases]
+    assert plain.cases[0].train.timing == Timing()
+    # the id a Case of these settings had before timing was a setting: TrainSpec's fields without it
+    assert Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=32).id == "826c30dcc00f"
+    for table in ("time_precision = 0.05", "max_steps = 8", "max_time_s = 5"):
+        other = parse_suite(suite_text(train=table), "x.toml")
+        assert not {c.id for c in other.cases} & {c.id for c in plain.cases}
+        assert all(Case.from_dict(c.to_dict()) == c and Case.from_dict(c.to_dict()).id == c.id for c in other.cases)
+    loose = parse_suite(suite_text(train="steps = 2\ntime_precision = 0.1\nmax_steps = 9\nmax_time_s = 4"), "x.toml")
+    assert loose.cases[0].train.timing == Timing(precision=0.1, max_steps=9, max_time_s=4.0)
 
 
 def test_case_id_changes_with_any_setting():
@@ -111,6 +126,15 @@ BAD = [
     ("inf timeout", {"suite": "timeout_s = inf"}, "suite.timeout_s", "finite"),
     ("inf budgets", {"suite": "budgets_gib = [inf]"}, "suite.budgets_gib", "positive numbers"),
     ("seq 1", {"sweep": "batch_size = [1]\nseq_len = [1]"}, "sweep.seq_len", ">= 2"),
+    ("time precision zero", {"train": "time_precision = 0"}, "train.time_precision", "> 0"),
+    ("time precision one", {"train": "time_precision = 1.5"}, "train.time_precision", "below 1"),
+    ("time precision nan", {"train": "time_precision = nan"}, "train.time_precision", "finite"),
+    ("time precision type", {"train": 'time_precision = "2%"'}, "train.time_precision", "must be number"),
+    ("max steps below steps", {"train": "steps = 5\nmax_steps = 4"}, "train.max_steps", ">= train.steps (5)"),
+    ("max steps zero", {"train": "max_steps = 0"}, "train.max_steps", "> 0"),
+    ("max time zero", {"train": "max_time_s = 0"}, "train.max_time_s", "> 0"),
+    ("max time past timeout", {"suite": "timeout_s = 60", "train": "max_time_s = 60"}, "train.max_time_s",
+     "below suite.timeout_s (60)"),
     # the name makes the default --out, results/<name>-<time>: nothing outside results/, nothing odd
     *[(f"name {why}", {"suite": f"name = {toml}"}, "suite.name", "letters, digits")
       for why, toml in [("parent", '"../../x"'), ("dot dot", '".."'), ("absolute", '"/tmp/x"'),

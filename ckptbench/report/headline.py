@@ -1,0 +1,256 @@
+"""The fastest setting, named only when it is: per sequence length and per memory budget, like with like.
+
+Points are compared only with points of the same variant (model, precision, attention, loop,
+distribution: :func:`~.columns._variant`) and the same sequence length, and within a memory budget only
+with points whose measured peak fits it.  Throughput (tokens/s) is what is compared, since batch sizes
+differ; its interval is the tokens of a step over the step time's interval, with the same coverage.
+
+A single winner is named only when its interval lies above every other point's: both intervals hold
+their medians with their stated coverage, so when they do not overlap the order is the true one at
+least that often.  Otherwise the answer is the settings tied within noise: those whose interval reaches
+the best one's.  A point that ran oversubscribed on a loaded machine (:mod:`ckptbench.store.load`) never
+wins; the answer says it was left out.  The winner (or each tied setting) is set against no
+checkpointing at the same batch: its peak saving and its step-time ratio, with that ratio's interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..measure.interval import LEVEL, coverage_label
+from ..store.load import load_state
+from ..store.stats import ratio_ci
+
+GIB = 2**30
+TIED_SHOWN = 4  # tied settings set against none, one by one; past this many, counted
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point as the question sees it: its name, throughput and that throughput's interval."""
+
+    name: str
+    tok_s: float
+    low: float | None  # tokens/s interval (None: too few steps for one)
+    high: float | None
+    coverage: float | None
+    row: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+@dataclass
+class Answer:
+    """``winner``: one setting separated from all others; ``tied``: the best and those within its noise;
+    ``only``: a single point to choose from; ``none``: no point fits (or every one was left out)."""
+
+    kind: str
+    best: Candidate | None = None
+    tied: list[Candidate] = field(default_factory=list)
+    excluded: list[Candidate] = field(default_factory=list)  # oversubscribed points: never a winner
+
+    @property
+    def coverages(self) -> list[float]:
+        return [c.coverage for c in ([self.best] if self.kind != "tied" else self.tied) if c and c.coverage]
+
+
+def candidate(row: dict, name: str) -> Candidate | None:
+    """The Candidate of a tidy row, or None when it has no throughput."""
+    tok, step = row.get("tok_s"), row.get("step_s")
+    if not _finite(tok) or tok <= 0:
+        return None
+    lo, hi, cov = row.get("step_ci_lo"), row.get("step_ci_hi"), row.get("step_ci_cov")
+    if _finite(step) and _finite(lo) and _finite(hi) and lo > 0:
+        tokens = tok * step  # tokens per step
+        return Candidate(name, tok, tokens / hi, tokens / lo, cov if _finite(cov) else None, row)
+    return Candidate(name, tok, None, None, None, row)
+
+
+def fastest(candidates: list[Candidate], left_out=lambda c: False) -> Answer:
+    """Which candidate is fastest, if the intervals can tell (see the module's text); `left_out` says which
+    may not win (a point that ran oversubscribed on a loaded machine)."""
+    excluded = [c for c in candidates if left_out(c)]
+    pool = sorted((c for c in candidates if not left_out(c)), key=lambda c: -c.tok_s)
+    if not pool:
+        return Answer("none", excluded=excluded)
+    best = pool[0]
+    if len(pool) == 1:
+        return Answer("only", best, [best], excluded)
+    tied = [best] + [c for c in pool[1:] if not (best.has_interval and c.has_interval and c.high < best.low)]
+    return Answer("winner" if len(tied) == 1 else "tied", best, tied, excluded)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _samples(row: dict) -> list:
+    """What a point's time interval is over (:func:`.tables._samples`)."""
+    from .tables import _samples as samples
+
+    return samples(row.get("step_times"), row.get("repeat_medians"))
+
+
+def fmt_tok(c: Candidate) -> str:
+    """"1,234 tokens/s [1,200, 1,260] (97.85 % interval)", or without an interval "(no interval: n < 3)"."""
+    if not c.has_interval:
+        return f"{c.tok_s:,.0f} tokens/s (too few steps for an interval)"
+    return f"{c.tok_s:,.0f} tokens/s [{c.low:,.0f}, {c.high:,.0f}] ({coverage_label(c.coverage)} interval)"
+
+
+def against_none(row: dict, group: pd.DataFrame) -> str:
+    """Peak saving and step-time ratio of a point (a tidy row) against no checkpointing at its batch."""
+    if row.get("strategy") == "none":
+        return "is no checkpointing"
+    base = group[(group["strategy"] == "none") & (group["batch"] == row.get("batch"))]
+    if base.empty:
+        return f"no ok 'none' point at batch {row.get('batch', 0):.0f} to compare with"
+    b = base.iloc[0].to_dict()
+    parts = []
+    if _finite(row.get("peak")) and _finite(b.get("peak")) and b["peak"] > 0:
+        saved = (1 - row["peak"] / b["peak"]) * 100
+        parts.append(f"{abs(saved):.1f} % {'less' if saved >= 0 else 'more'} peak memory")
+    if _finite(row.get("step_s")) and _finite(b.get("step_s")) and b["step_s"] > 0:
+        ci = ratio_ci(_samples(row), _samples(b))
+        interval = (f" [{ci.low:.2f}×, {ci.high:.2f}×] (≥ {coverage_label(ci.coverage)} interval)" if ci else "")
+        parts.append(f"step time {row['step_s'] / b['step_s']:.2f}×{interval}")
+    return ", ".join(parts) or "–"
+
+
+def describe(answer: Answer, group: pd.DataFrame) -> tuple[str, str, str]:
+    """(answer, value, against none) as the headline's cells say them."""
+    left_out = (f"; left out, oversubscribed on a loaded machine: {', '.join(c.name for c in answer.excluded)}"
+                if answer.excluded else "")
+    if answer.kind == "none":
+        return ("no measured point fits" if not answer.excluded else "no point that can be trusted fits") + left_out, \
+            "–", "–"
+    best = answer.best
+    if answer.kind in ("winner", "only"):
+        short = [c for c in answer.coverages if c < LEVEL]
+        caveat = (f"; intervals of {coverage_label(min(short))}: too few steps for a 95 % call" if short and
+                  answer.kind == "winner" else "")
+        label = best.name + (" (the only point)" if answer.kind == "only" else "")
+        return label + caveat + left_out, fmt_tok(best), against_none(best.row, group)
+    names = ", ".join(c.name for c in answer.tied)
+    versus = "; ".join(f"{c.name}: {against_none(c.row, group)}" for c in answer.tied[:TIED_SHOWN])
+    if len(answer.tied) > TIED_SHOWN:
+        versus += f"; and {len(answer.tied) - TIED_SHOWN} more"
+    return (f"tied within noise: {names}" + left_out, f"best median {fmt_tok(best)}", versus)
+
+
+def short_name(row: dict, many_batches: bool) -> str:
+    return f"{row['strategy']}" + (f" · batch {row['batch']:.0f}" if many_batches else "")
+
+
+def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[dict]:
+    """One row per (variant, sequence length, budget): the fastest setting that fits, or the tie.  Each
+    budget is (its label, bytes or None for no budget)."""
+    ok = t[t["ok"]]
+    rows = []
+    many_variants = ok["variant"].nunique() > 1
+    flags = oversubscribed_rows(ok)
+    for (variant, seq), group in ok.groupby(["variant", "seq"], sort=True):
+        many_batches = group["batch"].nunique() > 1
+        where = f"seq {seq:.0f}" + (f" · {variant}" if many_variants else "")
+        records = group.to_dict("records")
+        peaks = [r for r in records if _finite(r.get("peak"))]
+        if peaks:
+            low = min(peaks, key=lambda r: r["peak"])
+            rows.append({"question": f"{where}: lowest peak memory", "answer": short_name(low, many_batches),
+                         "value": _bytes(low["peak"]), "against": against_none(low, group)})
+        for label, limit in budgets:
+            within = [r for r in records if limit is None or (_finite(r.get("peak")) and r["peak"] <= limit)]
+            cands = [c for c in (candidate(r, short_name(r, many_batches)) for r in within) if c is not None]
+            answer, value, against = describe(fastest(cands, lambda c: flags.get(c.row.get("case_id"), False)), group)
+            rows.append({"question": f"{where}: fastest{label}", "answer": answer, "value": value, "against": against})
+    return rows
+
+
+def budgets_of(budgets_gib: tuple[float, ...]) -> list[tuple[str, float | None]]:
+    """No budget, then each of a suite's budgets (``[suite] budgets_gib``), as :func:`answers` takes them."""
+    return [("", None)] + [(f" within {b:g} GiB", b * GIB) for b in budgets_gib]
+
+
+def headline(t: pd.DataFrame, budgets_gib: tuple[float, ...]) -> list[dict]:
+    """The report's headline rows: per sequence length, no budget and each of the suite's budgets."""
+    return answers(t, budgets_of(budgets_gib))
+
+
+def summary_lines(records: list[dict], budgets: list[tuple[str, float | None]]) -> list[str]:
+    """The fastest answers of the headline as plain lines (a sweep's console summary, plan --verify)."""
+    from .columns import record_frame, tidy
+
+    ok = [r for r in records if r.get("status") == "ok"]
+    if not ok:
+        return []
+    rows = answers(tidy(record_frame(ok)), budgets)
+    return [f"{r['question']}: {r['answer']} — {r['value']}" + (f"; {r['against']}" if r["against"] != "–" else "")
+            for r in rows if ": fastest" in r["question"]]
+
+
+def oversubscribed_rows(t: pd.DataFrame) -> dict:
+    """case_id -> whether the point ran oversubscribed on a loaded machine."""
+    return {row["case_id"]: _load(row)["oversubscribed"] for row in t.to_dict("records")}
+
+
+def _load(row: dict) -> dict:
+    return load_state(row.get("load_average"), row.get("cpu_count"), row.get("threads"), row.get("cores_seen"),
+                      row.get("device") or "cpu")
+
+
+def _bytes(value: float) -> str:
+    from .tables import fmt_bytes
+
+    return fmt_bytes(value)
+
+
+def load_note(t: pd.DataFrame) -> dict | None:
+    """What the machine's load did to the timing: how many points ran while it was loaded (load average
+    above its cores), the median relative width of their intervals beside the others', and the points that
+    ran oversubscribed.  None when no record says its load."""
+    ok = t[t["ok"]].to_dict("records")
+    states = [(r, _load(r)) for r in ok]
+    known = [(r, s) for r, s in states if s["loaded"] is not None]
+    if not known:
+        return None
+
+    def width(rows):
+        w = [(r["step_ci_hi"] - r["step_ci_lo"]) / r["step_s"] for r in rows
+             if _finite(r.get("step_ci_lo")) and _finite(r.get("step_ci_hi")) and _finite(r.get("step_s"))
+             and r["step_s"] > 0]
+        return sorted(w)[len(w) // 2] if w else None
+
+    loaded = [r for r, s in known if s["loaded"]]
+    calm = [r for r, s in known if not s["loaded"]]
+    over = [f"{r['strategy']} · batch {r['batch']:.0f} · seq {r['seq']:.0f}" for r, s in known if s["oversubscribed"]]
+    peak = max(s["load_1m"] for _, s in known)
+    return {"points": len(known), "loaded": len(loaded), "width_loaded": width(loaded), "width_calm": width(calm),
+            "oversubscribed": over, "max_load": peak, "cores": max(s["cores"] for _, s in known)}
+
+
+def load_text(note: dict | None) -> str:
+    """The note as one paragraph."""
+    if not note:
+        return ""
+    if not note["loaded"]:
+        return (f"The machine was not loaded while these points ran (load average at most {note['max_load']:.2f} on "
+                f"{note['cores']} cores).")
+
+    def pct(value):
+        return "–" if value is None else f"{value * 100:.1f} %"
+
+    calm = (f"against {pct(note['width_calm'])} for the points run while it was not" if note["width_calm"] is not None
+            else "with no point run on the calm machine to set it against")
+    text = (f"The machine was loaded (load average above its {note['cores']} cores, up to {note['max_load']:.2f}) "
+            f"while {note['loaded']} of {note['points']} points ran: the median width of their step-time intervals "
+            f"was {pct(note['width_loaded'])} of the median, {calm}.")
+    if note["oversubscribed"]:
+        text += (f" {len(note['oversubscribed'])} ran as many threads as their cores while loaded (OpenMP's threads "
+                 "then wait at every barrier for a descheduled one) and are never named fastest: "
+                 + ", ".join(note["oversubscribed"][:8]) + (" …" if len(note["oversubscribed"]) > 8 else "") + ".")
+    return text

@@ -1,0 +1,48 @@
+"""The strategy axis of a suite: ``every_n_layers``, ``checkpoint_layers`` and ``sac`` become the
+(every_n_layers, :class:`~ckptbench.strategy.Recompute`) of each point, every wrong value a
+:class:`SuiteError` naming its key.
+
+``every_n_layers`` and ``checkpoint_layers`` are one axis: the sweep runs each n and each layer set (a
+suite that names only layer sets runs only those).  ``sac`` crosses with every strategy that checkpoints
+something ("off": plain checkpointing); a SAC policy where nothing is checkpointed means nothing and is
+left out, as offload is.
+"""
+
+from __future__ import annotations
+
+from .strategy import SAC_POLICIES, Recompute, layer_set_problem
+from .suitekeys import _Checker
+
+SAC_OFF = "off"
+
+
+def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple[int, Recompute]]:
+    """(every_n_layers, Recompute) for each strategy of the sweep, in the order the suite names them:
+    each n of ``every_n_layers``, then each layer set of ``checkpoint_layers``, each crossed with ``sac``."""
+    if max(axes["every_n_layers"]) > layers:
+        ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
+                f"{layers} layers")
+    sets = []
+    for value in axes["checkpoint_layers"]:
+        problem = layer_set_problem(value, layers)
+        if problem:
+            ck.fail("sweep.checkpoint_layers", problem)
+        sets.append(tuple(value))
+    for policy in axes["sac"]:
+        if policy != SAC_OFF and policy not in SAC_POLICIES:
+            ck.fail("sweep.sac", f"unknown policy {policy!r}; known: {SAC_OFF}, {', '.join(SAC_POLICIES)}")
+    named_n = "every_n_layers" in sweep or not sets  # only layer sets named: no every_n point beside them
+    base = [(n, ()) for n in axes["every_n_layers"] if named_n] + [(0, s) for s in sets]
+    checkpoints = any(n > 0 or s for n, s in base)
+    if True in axes["offload"] and not checkpoints:
+        ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
+    if any(p != SAC_OFF for p in axes["sac"]) and not checkpoints:
+        ck.fail("sweep.sac", "a SAC policy applies inside checkpointed layers: add an every_n_layers value > 0 "
+                "or a checkpoint_layers set")
+    out = []
+    for n, layer_set in base:
+        for policy in axes["sac"]:
+            if policy != SAC_OFF and n == 0 and not layer_set:
+                continue
+            out.append((n, Recompute(layers=layer_set, sac="" if policy == SAC_OFF else policy)))
+    return out

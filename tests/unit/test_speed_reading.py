@@ -1,0 +1,54 @@
+"""The calibration readings a sweep takes: where they go, what a failed one leaves, which setting they use.
+
+The kernel itself runs in the end-to-end sweeps (tests/e2e/test_compare.py); here its process is stood in
+for, so the rules around it are on trial without torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ckptbench.run import speed_reading
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.store.machine_speed import READINGS, load_readings, machine_speed
+
+
+def _case(threads: int) -> Case:
+    return Case(model=preset("llama-tiny"), train=TrainSpec(threads=threads), batch_size=2, seq_len=64)
+
+
+def test_readings_use_the_threads_most_points_use():
+    assert speed_reading.kernel_setting([_case(1), _case(2), _case(2)]) == ("cpu", 2)
+
+
+def test_each_moment_appends_its_readings_beside_the_records(tmp_path, monkeypatch):
+    times = iter([[0.030, 0.031], [0.029, 0.030], [0.032, 0.031], [0.030, 0.030]])
+    monkeypatch.setattr(speed_reading, "_child_interpreter",
+                        lambda device, threads: {"kernel": "k", "device": device, "threads": threads,
+                                                 "times_s": next(times)})
+    for at in ("start", "end"):
+        assert speed_reading.take_readings(str(tmp_path), at, [_case(1)], forked=False, shard="1/2", job="7") == []
+    readings = load_readings(str(tmp_path))
+    assert [r["at"] for r in readings] == ["start"] * speed_reading.READINGS_PER_MOMENT + ["end"] * 2
+    assert all(r["shard"] == "1/2" and r["job"] == "7" and r["threads"] == 1 for r in readings)
+    assert load_readings(os.path.join(str(tmp_path), "records.jsonl")) == readings  # beside a records file too
+
+
+def test_a_failed_reading_is_a_line_saying_why_and_compare_says_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(speed_reading, "_child_interpreter", lambda device, threads: {"error": "no torch here"})
+    notes = speed_reading.take_readings(str(tmp_path), "start", [_case(1)], forked=False)
+    assert notes == ["calibration reading at the start: no torch here"] * 2
+    speed = machine_speed(load_readings(str(tmp_path)), [{"kernel": "k", "times_s": [0.03, 0.03]}])
+    assert speed.state == "unknown" and speed.why == "the old run's calibration failed (no torch here)"
+
+
+def test_an_unwritable_directory_costs_a_note_not_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setattr(speed_reading, "_child_interpreter", lambda device, threads: {"times_s": [0.03]})
+    (tmp_path / READINGS).mkdir()  # where the file should go, a folder: every write fails
+    notes = speed_reading.take_readings(str(tmp_path), "end", [_case(1)], forked=False)
+    assert len(notes) == 1 and notes[0].startswith("calibration reading at the end not written: ")
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    (tmp_path / READINGS).write_text('{"times_s": [0.03], "at": "start"}\n{"times_s": [0.0')
+    assert load_readings(str(tmp_path)) == [{"times_s": [0.03], "at": "start"}]
