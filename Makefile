@@ -10,7 +10,7 @@ RUN ?= $(if $(SUITE),$(basename $(notdir $(SUITE)))-$(shell date +%Y%m%d-%H%M%S)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench lint perf gpu-check clean
+.PHONY: install test bench docs lint perf gpu-check clean
 
 install: $(STAMP)
 
@@ -25,6 +25,16 @@ $(STAMP): pyproject.toml constraints.txt
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+
+# the documentation site (docs/, mkdocs-material) into site/; --strict: a broken link or a page missing
+# from the navigation fails the build
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
 
 bench: $(STAMP)
 	$(PY) -m ckptbench sweep $(if $(SUITE),--suite $(SUITE)) $(if $(RUN),--out results/$(RUN) --report reports/$(RUN).html)
@@ -44,4 +54,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check ckptbench tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
