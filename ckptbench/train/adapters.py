@@ -17,6 +17,8 @@ parameters that require grad (what ``Trainer`` does), so only they get optimizer
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..runsetup import Lora
@@ -34,7 +36,9 @@ def with_adapters(model: torch.nn.Module, lora: Lora | None) -> torch.nn.Module:
 
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.targets) or None, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft asks transformers' deprecated alias; the warning is not the user's
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
