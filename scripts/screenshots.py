@@ -5,7 +5,7 @@ headless Chromium and cropped to what they show.
 
 Each picture is one section of a page the repository makes (the page's own style kept), so it shows what
 a reader of that page sees: the reference report's headline and memory timeline
-(``reports/reference-cpu.html``), and the plan of Llama-8B with LoRA on an H100 (``ckptbench plan``).
+(``reports/reference-cpu-timed.html``), and the plan of Llama-8B with LoRA on an H100 (``ckptbench plan``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def crop(png: str, margin: int = 24) -> None:
 
 def main() -> None:
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(ROOT, "reports", "reference-cpu.html"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "reports", "reference-cpu-timed.html"), encoding="utf-8") as fh:
         report = fh.read()
     shoot(section_page(report, "headline"), os.path.join(OUT, "report-headline.png"), 1400)
     shoot(section_page(report, "timeline"), os.path.join(OUT, "report-timeline.png"), 1600)

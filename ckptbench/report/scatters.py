@@ -102,7 +102,8 @@ def _scatter_front(ax, ok, names, colors, front, y, scale) -> int:
             ci = (front[front["series"] == name] if thin else s).dropna(subset=["step_ci_lo", "step_ci_hi"])
             if not ci.empty:
                 ax.errorbar(ci["peak"] / MIB, ci[y] * scale,
-                            yerr=[(ci[y] - ci["step_ci_lo"]) * scale, (ci["step_ci_hi"] - ci[y]) * scale],
+                            yerr=[((ci[y] - ci["step_ci_lo"]) * scale).clip(lower=0),
+                                  ((ci["step_ci_hi"] - ci[y]) * scale).clip(lower=0)],
                             fmt="none", ecolor=colors[name], elinewidth=1, capsize=3, zorder=2)
     ax.plot(front["peak"] / MIB, front[y] * scale, color="black", linewidth=1, zorder=2, label="Pareto front")
     ax.scatter(front["peak"] / MIB, front[y] * scale, facecolors="none", edgecolors="black", s=110, zorder=4)
