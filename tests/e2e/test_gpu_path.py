@@ -52,8 +52,10 @@ def test_deadline_passes_during_the_first_case_then_resume_runs_the_rest(write_s
     suite = load_suite(write_suite(THREE))
     first = suite.cases[0]
     out = str(tmp_path / "run")
-    # deadline 0.6 s; the first Case starts at once and takes over 1.5 s (injected sleep)
-    run_sweep(suite, SweepOptions(out_dir=out, max_minutes=0.01, faults={first.id: Fault("slow", 1.5)}))
+    # deadline 0.6 s; the first Case starts at once and takes over 1.5 s (injected sleep); no calibration
+    # readings, whose seconds at the start would be the deadline's on a loaded machine
+    run_sweep(suite, SweepOptions(out_dir=out, max_minutes=0.01, faults={first.id: Fault("slow", 1.5)},
+                                  calibrate=False))
     statuses = [r["status"] for r in load_records(out).records]
     assert statuses == ["ok", "skipped", "skipped"]
     run_sweep(suite, SweepOptions(out_dir=out, resume=True))
