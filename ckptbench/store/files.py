@@ -24,16 +24,10 @@ def atomic_writer(path: str, newline: str | None = None) -> Iterator[TextIO]:
     step fails (a full disk, a read-only folder) the temporary file is removed, so a failure leaves no
     space taken and `path` as it was, and :class:`~ckptbench.errors.StorageError` names `path` and why.
     """
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8", newline=newline) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        remove_quietly(tmp)
-        raise StorageError(path, exc) from exc
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline=newline) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager
