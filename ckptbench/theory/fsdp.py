@@ -305,7 +305,11 @@ def fsdp_predictions(case: Case) -> tuple[dict, list[tuple[str, str, object, flo
     rows += [
         ("rank_params_bytes", "rank_params_bytes", mem["params_bytes"], 0.0),
         ("rank_optimizer_bytes", "rank_optimizer_bytes", mem["optimizer_bytes"], 0.0),
-        ("peak_breakdown.params", "peak_params_bytes", mem["peak_params_bytes"], 0.0),
+        # the parameters at the peak's moment; where a held reduce-scatter buffer moves the peak (below),
+        # the moment it moves to may hold one unsharded layer more or less (seen once in CI, bf16-mixed none:
+        # +73,984 B, the last layer gathered)
+        ("peak_breakdown.params", "peak_params_bytes", mem["peak_params_bytes"],
+         mem["unsharded_layer_bytes"] / mem["peak_params_bytes"]),
         # above the prediction by up to one in-flight reduce-scatter buffer, never below (a relative
         # tolerance is symmetric: the upper bound decides it here, and the e2e tests hold the lower one)
         ("peak_bytes", "peak_bytes", mem["peak_bytes"],

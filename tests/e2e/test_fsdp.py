@@ -79,15 +79,17 @@ def assert_rank_memory_exact(m: dict, c: Case) -> None:
         est, mem = fsdp_memory_estimate(c, r["rank"]), r["memory"][0]
         assert mem["params_bytes"] == est["params_bytes"]  # the padded shards and the buffers
         assert mem["optimizer_bytes"] == est["optimizer_bytes"]
-        # inside a layer's backward: shards + the unsharded root + one unsharded layer, seen through resize_
-        assert mem["peak_breakdown"]["params"] == est["peak_params_bytes"]
         # the peak to the byte, in the layer's backward the composition names; on a loaded machine a rank
         # may hold up to one in-flight reduce-scatter buffer more (theory/fsdp.py), never less
         excess = mem["peak_bytes"] - est["peak_bytes"]
         assert 0 <= excess <= in_flight_allowance(c), (r["rank"], mem["peak_bytes"], est["peak_bytes"])
+        # inside a layer's backward: shards + the unsharded root + one unsharded layer, seen through resize_;
+        # a peak moved by a held buffer falls where one unsharded layer more or less is gathered
+        moved = mem["peak_breakdown"]["params"] - est["peak_params_bytes"]
+        assert moved in (0, est["unsharded_layer_bytes"], -est["unsharded_layer_bytes"]), (r["rank"], moved)
         if excess == 0:
             exact += 1
-            assert mem["peak_phase"] == est["peak_phase"]
+            assert mem["peak_phase"] == est["peak_phase"] and moved == 0
     assert exact >= 1  # the composition is the step's memory, not a bound on it
 
 
@@ -129,7 +131,9 @@ def test_mixed_rank_memory_meets_the_estimate(runs, name):
     # checkpointing the peak is the loss's backward, before the last layer's parameters are copied out
     # of its gathered flat output
     gathered = 65_664 + (73_984 if c.every_n_layers else 0)
-    assert mem["peak_breakdown"]["params"] == mem["params_bytes"] + gathered
+    moved = mem["peak_bytes"] > fsdp_memory_estimate(c, 0)["peak_bytes"]  # by a held buffer (above)
+    assert mem["peak_breakdown"]["params"] - (mem["params_bytes"] + gathered) in ((0, 73_984, -73_984) if moved
+                                                                                  else (0,))
     if name == "bf16-mixed full":
         assert runs["bf16-mixed full"]["peak_bytes"] < runs["bf16-mixed every-2"]["peak_bytes"] < \
             runs["bf16-mixed none"]["peak_bytes"]
