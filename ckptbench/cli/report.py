@@ -35,6 +35,16 @@ def require_records(run: str, what: str):
 
 
 def cmd_report(args) -> int:
+    from ..store.records import no_cycle_collection
+
+    # a large run's records, its frame and its checks are tens of millions of objects in no cycle: the
+    # cyclic collector would walk them again and again while the page is drawn (the figures' cycles wait
+    # for the command's end)
+    with no_cycle_collection():
+        return _report(args)
+
+
+def _report(args) -> int:
     from rich.console import Console
     from rich.markup import escape
 
@@ -82,10 +92,15 @@ def cmd_compare(args) -> int:
 
     from ..report.compare import comparison_table, summary_lines
     from ..store.compare import Thresholds, compare_paths
+    from ..store.records import no_cycle_collection
 
-    comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time,
-                                                              drift=not args.no_drift_correction))
-    gc.freeze()  # the comparison lives until the command ends: drawing it need not walk it again
+    # nothing read or built here is in a reference cycle: the cyclic collector would only walk the millions
+    # of dicts of a large run again and again (a tenth of the command); the comparison then lives until the
+    # command ends, so drawing it need not walk it either
+    with no_cycle_collection():
+        comparison = compare_paths(args.old, args.new, Thresholds(memory=args.fail_memory, time=args.fail_time,
+                                                                  drift=not args.no_drift_correction))
+        gc.freeze()
     if not comparison.points:  # nothing was judged: a pass would be a lie, a table an empty one
         raise UsageError(f"{args.old} and {args.new} have no point in common ({len(comparison.only_old)} only in old, "
                          f"{len(comparison.only_new)} only in new): nothing was compared; Case ids hash every "

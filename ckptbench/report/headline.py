@@ -160,10 +160,12 @@ def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[di
     rows = []
     many_variants = ok["variant"].nunique() > 1
     flags = oversubscribed_rows(ok)
-    for (variant, seq), group in ok.groupby(["variant", "seq"], sort=True):
+    every = ok.to_dict("records")  # once: a large run's frame is wide, and converting it is most of the time
+    for (variant, seq), at in sorted(ok.groupby(["variant", "seq"]).indices.items()):
+        group = ok.iloc[at]
         many_batches = group["batch"].nunique() > 1
         where = f"seq {seq:.0f}" + (f" · {variant}" if many_variants else "")
-        records = group.to_dict("records")
+        records = [every[i] for i in at]
         peaks = [r for r in records if _finite(r.get("peak"))]
         if peaks:
             low = min(peaks, key=lambda r: r["peak"])
@@ -201,7 +203,16 @@ def summary_lines(records: list[dict], budgets: list[tuple[str, float | None]]) 
 
 def oversubscribed_rows(t: pd.DataFrame) -> dict:
     """case_id -> whether the point ran oversubscribed on a loaded machine."""
-    return {row["case_id"]: _load(row)["oversubscribed"] for row in t.to_dict("records")}
+    return {row["case_id"]: _load(row)["oversubscribed"] for row in _columns(t, "case_id", *LOAD_COLUMNS)}
+
+
+LOAD_COLUMNS = ("load_average", "cpu_count", "threads", "cores_seen", "device")
+
+
+def _columns(t: pd.DataFrame, *names: str) -> list[dict]:
+    """The rows of `t` as dicts of the named columns it has (a large run's frame is too wide to convert
+    whole for a few of its columns)."""
+    return t[[n for n in names if n in t.columns]].to_dict("records")
 
 
 def _load(row: dict) -> dict:
@@ -219,7 +230,7 @@ def load_note(t: pd.DataFrame) -> dict | None:
     """What the machine's load did to the timing: how many points ran while it was loaded (load average
     above its cores), the median relative width of their intervals beside the others', and the points that
     ran oversubscribed.  None when no record says its load."""
-    ok = t[t["ok"]].to_dict("records")
+    ok = _columns(t[t["ok"]], *LOAD_COLUMNS, "step_ci_lo", "step_ci_hi", "step_s", "strategy", "batch", "seq")
     states = [(r, _load(r)) for r in ok]
     known = [(r, s) for r, s in states if s["loaded"] is not None]
     if not known:

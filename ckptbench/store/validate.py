@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from numbers import Real
 
 from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
+from ..trainspec import Timing
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 
@@ -85,9 +86,16 @@ def _builds_a_case(case: dict) -> bool:
             continue
         if type(part) is not dict or not part.keys() <= known or not needed <= part.keys():
             return False
-    if (case.get("setup") or {}).get("lora") or (case.get("train") or {}).get("timing"):
+    if (case.get("setup") or {}).get("lora"):
         return False  # a part inside a part: building the Case tells
-    return True
+    timing = (case.get("train") or {}).get("timing")
+    return not timing or (type(timing) is dict and timing.keys() <= _timing_fields())
+
+
+@functools.cache
+def _timing_fields() -> frozenset:
+    """The keys ``Timing.from_dict`` takes (it checks nothing else)."""
+    return frozenset(f.name for f in fields(Timing))
 
 
 def _case_problem(case) -> str | None:

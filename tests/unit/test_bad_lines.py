@@ -165,3 +165,26 @@ def test_step_time_lists_are_finite_numbers_whatever_path_decides():
     assert _finite_numbers([1e308, 1e308])  # finite values whose sum overflows: looked at one by one
     for bad in ([0.1, float("nan")], [float("inf")], [0.1, "0.2"], [0.1, None], [True, 0.1], [0.1, [0.2]]):
         assert not _finite_numbers(bad), bad
+
+
+def test_lines_the_fast_parser_refuses_read_as_the_json_module_reads_them(tmp_path):
+    """NaN and Infinity are JSON the json module writes and reads; a line that holds them reads the same as
+    before (and is then judged by its shape); an integer past 64 bits reads as the float nearest it (orjson's
+    reading: no count a sweep writes comes near); a line nested past any parser's depth is an unreadable
+    line, never a crash."""
+    from ckptbench.store.records import parse_line
+
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    good = _good(case)
+    big = {**good, "measurement": {**good["measurement"], "allocator_events": 2**70}}
+    nan = {**good, "measurement": {**good["measurement"], "step_times_s": [0.01, float("nan")]}}
+    line = json.dumps(nan).encode()
+    assert json.dumps(parse_line(line)) == json.dumps(json.loads(line))
+    path = tmp_path / "records.jsonl"
+    deep = b"[" * 200_000 + b"]" * 200_000
+    path.write_bytes(b"\n".join([deep, json.dumps({"schema": 1, **nan}).encode(),
+                                 json.dumps({"schema": 1, **big}).encode()]) + b"\n")
+    loaded = load_records(str(path))
+    assert loaded.skipped == 2 and "1: unreadable line" in loaded.problems[0]
+    assert "step_times_s holds something other than finite numbers" in loaded.problems[1]
+    assert loaded.records[0]["measurement"]["allocator_events"] == float(2**70)

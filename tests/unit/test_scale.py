@@ -193,7 +193,12 @@ def _case_variants(case: dict) -> list:
             {**case, "setup": {"lora": {"r": 8, "alpha": 16}, "optimizer": "sgd"}},
             {**case, "setup": {"lora": {"r": 8, "rank": 4}}}, {**case, "setup": {"lora": 8}},
             {**case, "setup": {"sharding": "fsdp"}}, {**case, "train": {**train, "optimizer": "adamw"}},
-            {**case, "train": drop(train, "optimizer")}]
+            {**case, "train": drop(train, "optimizer")},
+            # the timing: a part of the train table, stated only where it is not the default
+            {**case, "train": {**train, "timing": {"precision": 0.05, "max_steps": 20}}},
+            {**case, "train": {**train, "timing": {"precision": 0.05, "bogus": 1}}},
+            {**case, "train": {**train, "timing": [0.05]}}, {**case, "train": {**train, "timing": 0.05}},
+            {**case, "train": {**train, "timing": {}}}]
 
 
 def test_the_fast_case_check_accepts_only_what_building_the_case_accepts(monkeypatch):
