@@ -21,6 +21,10 @@ class ParamCount:
     n_tensors: int
     largest_tensor: int
     buffers_bytes: int
+    # the per-parameter AdamW's largest moment, in elements: max over the parameters, in the order the
+    # optimizer visits them, of two copies of one (``exp_avg_sq.sqrt() / bc``) and the denominator of the one
+    # before it, which the loop's ``denom`` still holds (:func:`loop_step_elements`)
+    loop_step: int = 0
 
     @property
     def total(self) -> int:
@@ -60,7 +64,29 @@ def param_count(spec: ModelSpec) -> ParamCount:
         raise ValueError(f"unknown model family {spec.family!r}")
     return ParamCount(embedding=v * h, position=position, per_layer=per_layer, final_norm=final_norm,
                       lm_head=lm_head, layers=spec.layers, n_tensors=n_tensors, largest_tensor=largest,
-                      buffers_bytes=buffers)
+                      buffers_bytes=buffers, loop_step=loop_step_elements(tensor_sizes(spec)))
+
+
+def tensor_sizes(spec: ModelSpec) -> list[int]:
+    """Elements of each parameter tensor, in ``model.parameters()`` order (modules in the order their
+    ``__init__`` registers them, a weight before its bias; a tied head is the embedding, listed once)."""
+    h, i, v, kv = spec.hidden, spec.intermediate, spec.vocab, spec.kv_heads * spec.head_dim
+    head = [] if spec.tie_embeddings else [v * h]
+    if spec.family in ("llama", "qwen2"):
+        bias = spec.family == "qwen2"  # q, k and v carry biases
+        attn = [h * h, *[h] * bias, kv * h, *[kv] * bias, kv * h, *[kv] * bias, h * h]
+        layer = attn + [i * h, i * h, h * i, h, h]  # gate, up, down; input and post-attention norms
+        return [v * h, *layer * spec.layers, h, *head]
+    if spec.family == "gpt2":
+        layer = [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * i, i, i * h, h]  # ln_1, attn, ln_2, mlp
+        return [v * h, spec.max_positions * h, *layer * spec.layers, h, h, *head]
+    raise ValueError(f"unknown model family {spec.family!r}")
+
+
+def loop_step_elements(sizes: list[int]) -> int:
+    """The per-parameter AdamW's largest moment in elements: at parameter i, ``exp_avg_sq.sqrt()`` and its
+    quotient by the bias correction (two copies of it) while ``denom`` still holds parameter i−1's."""
+    return max((2 * size + before for size, before in zip(sizes, [0, *sizes[:-1]])), default=0)
 
 
 
@@ -80,7 +106,8 @@ def optimizer_step_bytes(pc: ParamCount, bytes_per_element: int, optimizer: str 
     """What the optimizer step allocates beside the state at its largest moment.
 
     - the per-parameter AdamW (``adamw-loop``, and ``adamw`` on a CPU, where torch picks it):
-      ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two copies of the largest tensor at once;
+      ``exp_avg_sq.sqrt() / bias_correction2_sqrt`` holds two copies of one tensor at once, beside the
+      previous parameter's denominator (:attr:`ParamCount.loop_step`);
     - the multi-tensor AdamW (``adamw-foreach``, and ``adamw`` on CUDA): ``torch._foreach_sqrt`` of every
       ``exp_avg_sq`` at once, one copy of all the parameters, live until the update is applied;
     - SGD with momentum: nothing (``buf.mul_(momentum).add_(grad)`` and ``param.add_(buf)`` work in place).
@@ -89,7 +116,7 @@ def optimizer_step_bytes(pc: ParamCount, bytes_per_element: int, optimizer: str 
     if optimizer == "adamw-foreach" or (optimizer == "adamw" and device == "cuda"):
         return pc.total * B
     if optimizer in ("adamw", "adamw-loop"):
-        return 2 * pc.largest_tensor * B
+        return pc.loop_step * B
     if optimizer == "sgd":
         return 0
     raise ValueError(f"no analytic optimizer step for {optimizer!r}: it is estimated by its simulation")

@@ -199,3 +199,22 @@ def test_extrapolated_step_equals_the_full_simulation(optimizer):
         full = simulate(dataclasses.replace(spec, layers=layers), batch, seq, n, setup=setup)
         peak, moment = ex.fit_for(False, batch, seq).peak(layers, checkpointed_layers(layers, n), batch, seq)
         assert peak == full.peak_bytes, (layers, n, batch, moment, full.peak_phase)
+
+
+@pytest.mark.parametrize("name, tied", [("llama-tiny", False), ("llama-tiny", True), ("qwen2-tiny", False),
+                                        ("gpt2-tiny", True), ("gpt2-tiny", False)])
+def test_the_parameter_order_is_the_built_models(name, tied):
+    """The per-parameter AdamW visits ``model.parameters()`` in order, so its largest moment depends on which
+    parameter comes before the largest: the order the estimate assumes is the one transformers builds."""
+    from ckptbench.theory.params import loop_step_elements, tensor_sizes
+
+    spec = dataclasses.replace(preset(name, attn="sdpa"), tie_embeddings=tied)
+    with torch.device("meta"):
+        model = build_model(spec, device="meta")
+    built = [p.numel() for p in model.parameters()]
+    assert tensor_sizes(spec) == built
+    pc = param_count(spec)
+    assert (sum(built), len(built), max(built)) == (pc.total, pc.n_tensors, pc.largest_tensor)
+    assert pc.loop_step == loop_step_elements(built)
+    if name == "gpt2-tiny":  # the position table (1,024 rows) is the largest, right after the token embedding
+        assert pc.loop_step == 2 * spec.max_positions * spec.hidden + spec.vocab * spec.hidden

@@ -121,7 +121,7 @@ MUTATIONS = {
     "backward moments": ("layer_moments", lambda: _scale_moments("activations")),
     "gradients inside a layer": ("layer_moments", lambda: _scale_moments("grads")),
     "gradient flowing in": ("layer_moments", lambda: _scale_moments("grad_in")),
-    "optimizer temporaries": ("param_count", lambda: _scale_count("largest_tensor")),
+    "optimizer temporaries": ("param_count", lambda: _scale_count("loop_step")),
     "parameters per layer": ("param_count", lambda: _scale_count("per_layer")),
     "the loss's fp32 gradients": ("FP32", lambda: 4.4),
 }
