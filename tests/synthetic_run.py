@@ -7,7 +7,7 @@ something to show.  Every record passes :func:`ckptbench.store.validate.record_p
 ``--timelines`` each ok point also has a memory timeline at its 2,000-sample bound in
 ``timelines.jsonl``, as a sweep writes it (the record keeps the pointer).
 
-    python -m tests.synthetic_run OUT_DIR [N] [--seed S] [--timelines]
+    python -m tests.synthetic_run OUT_DIR [N] [--seed S] [--timelines] [--template RUN_DIR]
 """
 
 from __future__ import annotations
@@ -115,12 +115,17 @@ def write_run(out_dir: str, n: int, seed: int = 0, timelines: bool = False) -> s
 
 
 def main() -> None:
+    global REFERENCE
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("n", type=int, nargs="?", default=20000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timelines", action="store_true", help="a memory timeline per ok point in timelines.jsonl")
+    p.add_argument("--template", default=REFERENCE,
+                   help="the run whose records are copied (results/reference-cpu-timed: records with up to "
+                        "50 step times and losses each, about 13 KB)")
     args = p.parse_args()
+    REFERENCE = args.template
     print(write_run(args.out, args.n, args.seed, args.timelines))
 
 
