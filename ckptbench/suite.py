@@ -316,6 +316,10 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
     # seed outermost: a sweep cut short still holds every K of the seeds it reached
     # the strategy (every_n_layers, a layer set, a SAC policy) crosses where every_n_layers alone did
     batch_seq, after = [axes[a] for a in rest[:2]], [axes[a] for a in rest[2:]]
+    # one model per dtype and one train table per seed, shared by the points (they are frozen): a million
+    # points built two copies each before
+    models = {dtype: replace(model, dtype=dtype) for dtype, _ in point_setups}
+    trains = {seed: replace(train, seed=seed) for seed in axes["seed"]}
     for seed, (dtype, setup), (b, s, (n, recompute), off, k, ga, ws, impl) in itertools.product(
             axes["seed"], point_setups, itertools.product(*batch_seq, point_strategies, *after)):
         # meaningless pairs: offload with nothing checkpointed, local SGD on one process, and an
@@ -325,7 +329,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if (off and n == 0 and not recompute.layers) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
                 (setup.loop != "manual" and ws > 1) or (setup.sharding != "ddp" and (ws == 1 or k > 0)):
             continue
-        cases.append(Case(model=replace(model, dtype=dtype), train=replace(train, seed=seed), batch_size=b,
+        cases.append(Case(model=models[dtype], train=trains[seed], batch_size=b,
                           seq_len=s, every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga,
                           world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup,
                           recompute=recompute))
