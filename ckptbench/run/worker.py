@@ -18,8 +18,6 @@ import traceback
 import torch
 
 from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
-from ..measure.steps import step_probe_for
-from ..measure.timing import StepStats, timer_for
 from ..spec import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
@@ -36,6 +34,7 @@ from .faults import Fault
 from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
+from .schedule import StepSchedule
 
 
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
@@ -43,69 +42,6 @@ def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
     marks = MemoryStepMarks(layers)
     memory_step(model, optimizer, batch, case.grad_accum, Amp.of(case), marks)
     return marks.result()
-
-
-class StepSchedule:
-    """Which optimizer step is which (warm-up, memory, timed) and what runs around each: the clean steps'
-    probe (CUDA allocator peaks, window energy), the timer of the timed steps, an injected slowdown.
-
-    Every loop (:mod:`ckptbench.train.loops`) reports its steps here, so the steps mean the same whatever
-    loop ran them."""
-
-    def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None):
-        t = case.train
-        self.warmup, self.memory, self.timed = t.warmup_steps, t.memory_steps, t.steps
-        self.total = self.warmup + self.memory + self.timed
-        self.fault = fault
-        self.marks = MemoryStepMarks(layers)
-        self.steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
-        self.timer = timer_for(device.type)
-        self.losses: list = []
-        self.mem: dict = {}
-        self._window: str | None = None
-        self.stats: StepStats | None = None
-
-    def kind(self, k: int) -> str:
-        return "warmup" if k < self.warmup else "memory" if k < self.warmup + self.memory else "timed"
-
-    def begin(self, k: int) -> None:
-        kind = self.kind(k)
-        if kind != self._window:
-            self._close()
-            self._window = kind
-            if kind != "memory":
-                self.steps.begin(kind)
-        if kind != "memory":
-            self.steps.before_step()
-        if kind == "timed":
-            self.timer.start()
-            self._t_step = time.perf_counter()
-
-    def end(self, k: int, loss) -> None:
-        kind = self.kind(k)
-        if kind == "timed":
-            fault = self.fault
-            if fault is not None and fault.kind == "slow":
-                time.sleep(fault.seconds)
-            if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
-                time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
-            self.timer.stop()
-        if kind == "memory":
-            self.mem = self.marks.result()
-        else:
-            self.steps.after_step()
-            self.losses.append(loss)
-
-    def _close(self) -> None:
-        if self._window == "timed":
-            self.stats = StepStats.of(self.timer.times())  # the window's one synchronise (CUDA)
-        if self._window in ("warmup", "timed"):
-            self.steps.end()
-
-    def finish(self) -> StepStats:
-        self._close()
-        self._window = None
-        return self.stats
 
 
 class Unsupported(Exception):
@@ -194,6 +130,19 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         **reference(case.model),
         "threads": torch.get_num_threads(),
     }
+
+
+def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None) -> dict:
+    """The step-time model's prediction for the point (:func:`.steptime.predict`), made after its steps ran,
+    from the ops its memory step ran (`trace`; traced on fake tensors when there is none): the op rates it
+    lacks are timed here, under the conditions the steps ran in, and kept in `rates_dir` for the sweep's
+    next points.  A model that cannot predict the point says why instead."""
+    from .steptime import predict
+
+    try:
+        return predict(case, rates_dir, trace=trace)
+    except Exception as exc:  # the prediction never costs the point its measurement
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def simulated_estimate(case: Case) -> dict:
@@ -300,7 +249,10 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
-        result["measurement"] = measure(case, t_submit, fault)
+        result["measurement"] = m = measure(case, t_submit, fault)
+        # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
+        rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
+        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None))
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

@@ -1,0 +1,199 @@
+"""The step-time model at run time: trace a Case, time here what this machine has not timed yet, price the step.
+
+:func:`predict` traces the Case's step on fake tensors (:func:`ckptbench.theory.optrace.trace_case`), looks
+each distinct entry up in the machine's rate cache (:mod:`.ratecache`), times the ones it lacks
+(:mod:`ckptbench.measure.oprates`), and prices the step (:func:`ckptbench.theory.steptime.step_cost`).
+No training step of the Case is timed to calibrate anything: every rate is an operator microbenchmark.
+
+The one figure that is not an operator's is the framework's time per op: what a step spends beside its
+kernels (Python, the modules' code, autograd's graph and engine, checkpoint's bookkeeping, the optimizer's
+loop).  It is measured on the same architecture (family, layer count, heads, checkpointing, offload,
+precision, loop, optimizer) shrunk until its kernels cost nothing: 4 wide a head, a 64-token vocabulary, one
+sequence of 16 tokens (:func:`probe_case`).  Its step time less its own ops' timed cost, per op, is the
+framework's time per op on a CPU; on a GPU, where the host runs ahead of the kernels, the probe's whole
+step per op is the host's time, and the step takes the longer of the two.  Each architecture is probed once
+per machine and kept in the cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from dataclasses import replace
+
+from ..spec import Case
+from ..theory.plantime import depth_extrapolated
+from ..theory.steptime import Rates, step_cost
+from .ratecache import DEFAULT_DIR, RateCache, machine_facts
+
+PROBE_HEAD_WIDTH = 4
+PROBE_VOCAB = 64
+PROBE_TOKENS = 16
+PROBE_WARMUP, PROBE_STEPS = 2, 10
+
+
+def architecture_key(case: Case) -> str:
+    """Everything that decides which ops a step runs, except the widths, the batch and the sequence."""
+    spec = case.model
+    return json.dumps({"family": spec.family, "layers": spec.layers, "heads": spec.heads, "kv_heads": spec.kv_heads,
+                       "dtype": spec.dtype, "attn": spec.attn, "tie": spec.tie_embeddings, "config": spec.config,
+                       "dropout": spec.dropout, "every_n_layers": case.every_n_layers, "offload": case.offload,
+                       "grad_accum": case.grad_accum, "device": case.device, "setup": case.setup.id_fields()},
+                      sort_keys=True)
+
+
+def probe_case(case: Case) -> Case:
+    """The Case's architecture with nothing to compute: heads 4 wide, a 64-token vocabulary, 1 × 16 tokens."""
+    spec = case.model
+    extra = spec.config_extra
+    if "head_dim" in extra:
+        extra["head_dim"] = PROBE_HEAD_WIDTH
+    hidden = spec.heads * PROBE_HEAD_WIDTH
+    small = replace(spec, hidden=hidden, intermediate=2 * hidden, vocab=PROBE_VOCAB, name="",
+                    config=json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else "")
+    return replace(case, model=small, batch_size=1, seq_len=PROBE_TOKENS,
+                   train=replace(case.train, warmup_steps=PROBE_WARMUP, memory_steps=1, steps=PROBE_STEPS))
+
+
+def _step_times(case: Case) -> tuple[list[float], list[dict]]:
+    """The probe's timed steps through the worker's own loop and schedule, and the ops its memory step ran."""
+    import torch
+
+    from ..train.adapters import with_adapters
+    from ..train.checkpointing import decoder_layers, offload_as_this_build_allows
+    from ..train.loops import loop_for
+    from ..train.models import build_model, synthetic_batch
+    from .schedule import StepSchedule
+
+    torch.manual_seed(case.train.seed)
+    device = torch.device(case.device)
+    with offload_as_this_build_allows(case.offload):
+        model = with_adapters(build_model(case.model, device), case.setup.lora)
+        batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
+        loop = loop_for(case, model, batch)
+        schedule = StepSchedule(case, device, decoder_layers(model), None)
+        loop.run(schedule)
+        return list(schedule.finish().times_s), schedule.mem["op_trace"]
+
+
+def _timed(entries: list[dict], cache: RateCache, device: str) -> tuple[dict[str, float], int]:
+    """key -> seconds for every entry that can be timed, timing here those the cache lacks."""
+    from ..measure.oprates import time_entry
+
+    found, new = {}, {}
+    for e in entries:
+        if e["kind"] == "view":
+            continue
+        seconds = cache.entry(e["key"])
+        if seconds is None and e["key"] not in new:
+            seconds = new[e["key"]] = time_entry(e, device)
+        if seconds is not None:
+            found[e["key"]] = seconds
+    cache.add(new)
+    return found, sum(v is not None for v in new.values())
+
+
+def _figures(cache: RateCache, device: str) -> dict:
+    """The dispatcher's per-call time and the copy bandwidth (for entries that cannot be replayed)."""
+    from ..measure import oprates
+
+    wanted = {"dispatch_s": lambda: oprates.dispatch_overhead(device),
+              "bandwidth_bytes_per_s": lambda: oprates.memory_bandwidth(device)}
+    if device == "cuda":
+        wanted["matmul_flops_per_s"] = lambda: oprates.matmul_rate(device)
+        wanted["link_bytes_per_s"] = lambda: oprates.link_bandwidth()
+    new = {name: measure() for name, measure in wanted.items() if cache.figure(name) is None}
+    cache.add({}, figures=new)
+    return {name: cache.figure(name) for name in wanted}
+
+
+def framework_time(case: Case, cache: RateCache) -> dict:
+    """The architecture's framework time per op (see the module's text), from the cache or probed now."""
+    arch = architecture_key(case)
+    found = cache.framework(arch)
+    if found:
+        return found
+    probe = probe_case(case)
+    times, entries = _step_times(probe)
+    figures = _figures(cache, case.device)
+    rates = Rates(case.device, "", _timed(entries, cache, case.device)[0], dispatch_s=figures["dispatch_s"])
+    cost = step_cost(entries, rates)
+    step = statistics.median(times)
+    per_op = (step if case.device == "cuda" else step - cost.kernel_s) / cost.ops
+    found = {"per_op_s": per_op, "step_s": step, "kernel_s": cost.kernel_s, "ops": cost.ops,
+             "probe": f"{probe.model.label}, {probe.strategy}, b=1 s={PROBE_TOKENS}"}
+    cache.add({}, framework={arch: found})
+    return found
+
+
+def measured_rates(case: Case, entries: list[dict], cache: RateCache) -> tuple[Rates, dict]:
+    """The Rates that price `entries` on this machine, and how many of them were timed now."""
+    t0 = time.perf_counter()
+    figures = _figures(cache, case.device)
+    framework = framework_time(case, cache)
+    timed, now = _timed(entries, cache, case.device)
+    machine = cache.machine
+    stamps = cache.measured_at(list(timed), architecture_key(case))
+    when = stamps[0] if len(stamps) == 1 else f"{stamps[0]} to {stamps[-1]}" if stamps else "now"
+    threads = machine["threads"]
+    source = (f"measured here ({machine['device_name']}, {threads} thread{'s' * (threads > 1)}, torch "
+              f"{machine['torch']}) at {when}")
+    rates = Rates(case.device, source, timed, dispatch_s=figures["dispatch_s"],
+                  framework_s_per_op=framework["per_op_s"], host_bound=case.device == "cuda",
+                  matmul_flops_per_s=figures.get("matmul_flops_per_s"),
+                  bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"],
+                  link_bytes_per_s=figures.get("link_bytes_per_s"))
+    return rates, {"timed_now": now, "rates_s": time.perf_counter() - t0, "framework": framework, "stamps": stamps}
+
+
+def predict(case: Case, directory: str | None = None, threads: int | None = None, trace: list | None = None) -> dict:
+    """The step-time model's answer for `case` on this machine, as the record keeps it: from `trace` (the
+    ops a real step of it ran, :class:`~ckptbench.measure.optrace.OpRecorder`) or, without one, its step
+    traced on fake tensors."""
+    import torch
+
+    from ..theory.optrace import trace_case
+
+    threads = threads or case.train.threads
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    entries = trace if trace is not None else trace_case(case)
+    traced = time.perf_counter() - t0
+    cache = RateCache(directory, machine_facts(case.device, threads))
+    rates, how = measured_rates(case, entries, cache)
+    cost = step_cost(entries, rates)
+    return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
+            "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
+            "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
+            "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"]}
+
+
+class MeasuredTimer:
+    """A plan's step times on this machine: each candidate carried from few-layer steps to its depth
+    (:func:`ckptbench.theory.plantime.depth_extrapolated`), each of those traced on fake tensors and priced
+    at the op rates measured here, kept in `directory` for the next plan."""
+
+    def __init__(self, directory: str | None = DEFAULT_DIR, threads: int = 1):
+        self.directory, self.threads = directory, threads
+        self.stamps: set[str] = set()
+        self.where = ""
+
+    @property
+    def source(self) -> str:
+        times = sorted(self.stamps)
+        when = times[0] if len(times) == 1 else f"{times[0]} to {times[-1]}" if times else "now"
+        return f"op rates measured here{self.where} at {when}" + (f", kept in {self.directory}" if self.directory
+                                                                 else "")
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (one timer per plan: the cache dies with it)
+    def price(self, case: Case) -> float:
+        p = predict(case, self.directory, self.threads)
+        self.stamps.update(p["measured_at"])
+        m = RateCache(None, machine_facts(case.device, self.threads)).machine
+        self.where = f" ({m['device_name']}, {self.threads} thread{'s' * (self.threads > 1)}, torch {m['torch']})"
+        return p["predicted_s"]
+
+    def __call__(self, case: Case) -> float:
+        return depth_extrapolated(case, self.price)
