@@ -4,8 +4,8 @@ An entry of an op trace (:mod:`.optrace`) names the aten op and its arguments, e
 strides and dtype.  :func:`time_entry` makes tensors laid out that way on the device (floats drawn from
 [0.5, 1.5): no NaN from a square root or a logarithm, no denormals, whose slow paths the real step does not
 take; integers 0, a valid index for any embedding or target; booleans true), calls the op once to warm it,
-then times it: trials of back-to-back calls, each trial long enough for the clock, the fastest trial's
-time per call kept (the usual estimate of an operator's own cost: interference only ever adds).  A
+then times it: trials of back-to-back calls, each long enough for the clock, the median trial's time per
+call kept, in the CPU time of the calling thread on a one-thread CPU (:func:`clock`).  A
 mutating op (``mul_``, ``lerp_``, AdamW's in-place updates) runs on the same tensors every call, as it does
 in the step.  An op that cannot be replayed from its signature (an argument that is not data: a Python
 object) gives None, and the cost model prices it from its bytes instead.
@@ -18,11 +18,12 @@ host↔device copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import torch
 
-TRIAL_S = 1e-3  # a trial runs at least this long (or one call, when one call is longer)
+TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
 TRIALS = 3
 LONG_S = 0.05  # an op this long is timed twice after its warm-up call, not three times
 OTHER_FLOAT = 0.37  # a scalar no kernel takes a shortcut for, where the trace kept none (SPECIAL_FLOATS)
@@ -83,22 +84,34 @@ def _is_mutating(func) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
+def clock(device: str):
+    """What a trial is timed with: on a CPU running one thread, the CPU time of this thread (what the op
+    costs, whatever else the machine runs: a shared machine preempts a long call now and then, and the
+    wall clock would count the wait); with more threads, or on a GPU (synchronised), the wall clock."""
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def time_call(call, device: str, reps_cap: int | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then :data:`TRIALS`
-    trials of back-to-back calls (two single calls for an op longer than :data:`LONG_S`), the fastest kept."""
-    t0 = time.perf_counter()
+    trials of back-to-back calls (two single calls for an op longer than :data:`LONG_S`), their median: in
+    CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
+    as the step's own ops are."""
+    now = clock(device)
+    t0 = now()
     call()
     _sync(device)
-    once = time.perf_counter() - t0
+    once = now() - t0
     reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
-    best = float("inf")
+    trials = []
     for _ in range(TRIALS if once < LONG_S else 2):
-        t0 = time.perf_counter()
+        t0 = now()
         for _ in range(reps):
             call()
         _sync(device)
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best
+        trials.append((now() - t0) / reps)
+    return statistics.median(trials)
 
 
 def time_entry(entry: dict, device: str = "cpu") -> float | None:

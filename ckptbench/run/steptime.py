@@ -31,7 +31,7 @@ from .ratecache import DEFAULT_DIR, RateCache, machine_facts
 PROBE_HEAD_WIDTH = 4
 PROBE_VOCAB = 64
 PROBE_TOKENS = 16
-PROBE_WARMUP, PROBE_STEPS = 2, 10
+PROBE_WARMUP, PROBE_STEPS = 2, 8
 
 
 def architecture_key(case: Case) -> str:
@@ -53,19 +53,47 @@ def probe_case(case: Case) -> Case:
     hidden = spec.heads * PROBE_HEAD_WIDTH
     small = replace(spec, hidden=hidden, intermediate=2 * hidden, vocab=PROBE_VOCAB, name="",
                     config=json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else "")
-    return replace(case, model=small, batch_size=1, seq_len=PROBE_TOKENS,
-                   train=replace(case.train, warmup_steps=PROBE_WARMUP, memory_steps=1, steps=PROBE_STEPS))
+    return replace(case, model=small, batch_size=1, seq_len=PROBE_TOKENS)
+
+
+class _ProbeSchedule:
+    """What a loop reports its steps to (as :class:`.schedule.StepSchedule`): warm-up steps, timed steps (the
+    wall clock and the stepping thread's CPU time), then one step under the op recorder.  No memory step."""
+
+    def __init__(self, layers: list, device, warmup: int, timed: int):
+        from ..measure.optrace import OpRecorder
+        from ..measure.timing import timer_for
+        from .memory_step import MemoryStepMarks
+
+        self.warmup, self.timed, self.total = warmup, timed, warmup + timed + 1
+        self.marks = MemoryStepMarks(layers)  # never started: no step is a memory step
+        self.timer = timer_for(device.type)
+        self.recorder = OpRecorder()
+
+    def kind(self, k: int) -> str:
+        return "warmup" if k < self.warmup else "timed" if k < self.warmup + self.timed else "recorded"
+
+    def begin(self, k: int) -> None:
+        if self.kind(k) == "timed":
+            self.timer.start()
+        elif self.kind(k) == "recorded":
+            self.recorder.__enter__()
+
+    def end(self, k: int, loss) -> None:
+        if self.kind(k) == "timed":
+            self.timer.stop()
+        elif self.kind(k) == "recorded":
+            self.recorder.__exit__(None, None, None)
 
 
 def _step_times(case: Case) -> tuple[list[float], list[dict]]:
-    """The probe's timed steps through the worker's own loop and schedule, and the ops its memory step ran."""
+    """The probe's timed steps through the point's own loop, and the ops one more step of it ran."""
     import torch
 
     from ..train.adapters import with_adapters
     from ..train.checkpointing import decoder_layers, offload_as_this_build_allows
     from ..train.loops import loop_for
     from ..train.models import build_model, synthetic_batch
-    from .schedule import StepSchedule
 
     torch.manual_seed(case.train.seed)
     device = torch.device(case.device)
@@ -73,9 +101,11 @@ def _step_times(case: Case) -> tuple[list[float], list[dict]]:
         model = with_adapters(build_model(case.model, device), case.setup.lora)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         loop = loop_for(case, model, batch)
-        schedule = StepSchedule(case, device, decoder_layers(model), None)
+        schedule = _ProbeSchedule(decoder_layers(model), device, PROBE_WARMUP, PROBE_STEPS)
         loop.run(schedule)
-        return list(schedule.finish().times_s), schedule.mem["op_trace"]
+    # a CPU step's own cost is its thread's CPU time (with one torch thread): what the ops are timed in
+    cpu = schedule.timer.cpu_times() if torch.get_num_threads() == 1 else []
+    return cpu or schedule.timer.times(), schedule.recorder.trace()
 
 
 def _timed(entries: list[dict], cache: RateCache, device: str) -> tuple[dict[str, float], int]:

@@ -112,6 +112,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "step_time_p90_s": stats.p90_s,
         "step_time_mean_s": stats.mean_s,
         "step_time_cv": stats.cv,
+        # the CPU time of the stepping thread (CPU points): with one torch thread, the step's own cost
+        "step_cpu_times_s": timer.cpu_times(),
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,

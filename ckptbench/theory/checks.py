@@ -9,6 +9,7 @@ Pure: no torch import, runs in the sweep's parent process.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 from ..configs import DIM_ALIASES
@@ -295,8 +296,11 @@ def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
     if not measured or not predicted:
         return Check("step_time_s", measured, predicted, None, tol, "skip", model.get("error"))
     ratio = measured / predicted
-    return Check("step_time_s", measured, predicted, ratio, tol,
-                 PREDICTION_VERDICTS[abs(ratio - 1) > tol], f"prediction: {model.get('source', '')}")
+    note = f"prediction from {model.get('source', 'op rates')}"
+    cpu = m.get("step_cpu_times_s")
+    if cpu:  # what the step cost its thread: the wall time less any wait for a shared core
+        note += f"; the step's CPU time {statistics.median(cpu) / predicted:.3f} of the prediction"
+    return Check("step_time_s", measured, predicted, ratio, tol, PREDICTION_VERDICTS[abs(ratio - 1) > tol], note)
 
 
 def gates(m: dict) -> dict[str, int]:

@@ -23,18 +23,19 @@ ENTRIES = [
     _entry("view", "view", {"forward": 10}),  # an alias: the dispatcher's 1 us
     _entry("add", "memory", {"backward": 4}, nbytes=2 * 10**6),  # not timed: 2 MB at 1 GB/s + 1 us
     _entry("copy", "copy", {"forward": 1}, nbytes=10**6),  # on a CPU nothing moves
+    _entry("mul", "memory", {"forward": 2}, nbytes=3 * 10**6),  # timed hot at 0.1 ms; from memory 3 ms
 ]
-FIXED = Rates("cpu", "a fixed table", per_call_s={"mm": 2e-3}, dispatch_s=1e-6, framework_s_per_op=5e-6,
-              bandwidth_bytes_per_s=1e9)
+FIXED = Rates("cpu", "a fixed table", per_call_s={"mm": 2e-3, "mul": 1e-4}, dispatch_s=1e-6,
+              framework_s_per_op=5e-6, bandwidth_bytes_per_s=1e9)
 
 
 def test_a_trace_priced_at_a_fixed_rate_table_sums_by_hand():
     cost = step_cost(ENTRIES, FIXED)
-    kernel = 5 * 2e-3 + 10 * 1e-6 + 4 * (2e6 / 1e9 + 1e-6) + 0.0
-    framework = (5 + 10 + 4) * 5e-6  # every dispatched op; the copy is not one
+    kernel = 5 * 2e-3 + 10 * 1e-6 + 4 * (2e6 / 1e9 + 1e-6) + 0.0 + 2 * 3e6 / 1e9
+    framework = (5 + 10 + 4 + 2) * 5e-6  # every dispatched op; the copy is not one
     assert cost.kernel_s == pytest.approx(kernel) and cost.framework_s == pytest.approx(framework)
-    assert cost.seconds == pytest.approx(0.018109)
-    assert (cost.ops, cost.distinct, cost.modelled) == (19, 4, 1)
+    assert cost.seconds == pytest.approx(0.024119)
+    assert (cost.ops, cost.distinct, cost.modelled) == (21, 5, 1)
     assert cost.by_kind["matmul"] == pytest.approx(10e-3) and cost.by_kind["copy"] == 0.0
     assert cost.by_phase["backward"] == pytest.approx(2 * 2e-3 + 4 * (2.001e-3) + 6 * 5e-6)
 
@@ -43,7 +44,7 @@ def test_a_gpu_step_is_the_longer_of_its_kernels_and_its_host_and_copies_cross_t
     gpu = replace(FIXED, device="cuda", host_bound=True, link_bytes_per_s=1e9, launch_s=4e-6)
     assert entry_seconds(ENTRIES[3], gpu) == (pytest.approx(1e-3), True)
     cost = step_cost(ENTRIES, gpu)
-    assert cost.seconds == pytest.approx(max(cost.kernel_s, cost.framework_s)) == pytest.approx(0.019014)
+    assert cost.seconds == pytest.approx(max(cost.kernel_s, cost.framework_s)) == pytest.approx(0.025014)
     tiny = _entry("relu", "memory", {"forward": 1}, nbytes=8)
     assert entry_seconds(tiny, gpu)[0] == pytest.approx(4e-6 + 1e-6)  # never under a launch
 
@@ -68,7 +69,7 @@ def test_depth_is_carried_from_one_and_two_layers_exactly_for_an_affine_price():
         return 7.0 + 3.0 * c.model.layers + 0.5 * len(c.checkpointed_layers)
 
     assert depth_extrapolated(deep, price) == pytest.approx(price(deep))
-    shallow = replace(deep, model=preset("llama-tiny"))
+    shallow = replace(deep, model=preset("llama-tiny", layers=2))
     assert variants(shallow) == [(shallow, 1)] and depth_extrapolated(shallow, price) == price(shallow)
     assert layers == deep.model.layers
 
