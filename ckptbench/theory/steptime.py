@@ -6,7 +6,7 @@ step and, for an offloaded CUDA step, the host↔device copies, grouped into dis
 entries with their counts.  Each entry is priced by a :class:`Rates` table:
 
 - an entry the device timed (:mod:`ckptbench.measure.oprates`: the op replayed on tensors of the same
-  layout, fastest of a few trials) costs what it was timed at; a memory-bound one (element-wise, reduction,
+  layout, median of a few trials) costs what it was timed at; a memory-bound one (element-wise, reduction,
   copy) at least the bytes it spans over the memory bandwidth: timed back to back its tensors sit in the
   cache, in the step they were written long before and come from memory;
 - a view (an op that returns an alias and moves nothing) costs the dispatcher's own per-call time;
@@ -87,7 +87,7 @@ def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
     timed = rates.per_call_s.get(entry["key"])
     if timed is not None:
         if kind == "memory" and rates.bandwidth_bytes_per_s:
-            # timed with its tensors in cache; in the step they come from memory, whichever is slower
+            # timed back to back its tensors sit in the cache; in the step they were written long before
             return max(timed, entry["bytes"] / rates.bandwidth_bytes_per_s), False
         return timed, False
     if kind == "copy":
