@@ -2,11 +2,11 @@
 
     python scripts/step_time_accuracy.py [--out DIR] [--models llama,qwen2,gpt2] [--steps N]
 
-Every point runs through the product's own sweep: a fresh worker builds the model, runs its warm-up,
-memory and timed steps, then predicts its own step time (:func:`ckptbench.run.steptime.predict`): the ops
-its memory step ran, each priced at a rate timed right there, after the steps, in the same process and
-the same conditions (the rates are kept in ``<out>/<model>/op-rates`` and reused by later points with the
-same shapes).  No training step is timed to calibrate anything: the rates are operator microbenchmarks and
+Every point runs through the product's own sweep, one sweep per point: a fresh worker builds the model,
+runs its warm-up, memory and timed steps, then predicts its own step time
+(:func:`ckptbench.run.steptime.predict`): the ops its memory step ran, each priced at a rate timed right
+there, after the steps, in the same process and the same conditions (each point's sweep has its own rate
+cache, so no point reuses a rate timed beside another point's steps).  No training step is timed to calibrate anything: the rates are operator microbenchmarks and
 the framework's time per op is probed on the architecture shrunk to no work (heads 4 wide, a 64-token
 vocabulary, 16 tokens), whose widths, batch and sequence no point of the grid has, so every point is held
 out.
@@ -59,15 +59,17 @@ def run_model(name: str, index: int, out: str, steps: int, loads: dict) -> list[
     grid = points(index)
     suite = parse_suite(suite_text(preset, layers, grid, steps), f"step-time accuracy {name}")
     cases = [c for c in suite.cases if (c.every_n_layers, c.offload, c.batch_size, c.seq_len) in grid]
-    suite = dataclasses.replace(suite, cases=tuple(cases))
 
     def annotate(case, record):
         annotate_record(case, record)
         loads[case.id] = os.getloadavg()[0]
 
-    run_dir = os.path.join(out, name)
-    run_sweep(suite, SweepOptions(out_dir=run_dir), annotate=annotate)
-    return load_records(run_dir).records
+    records = []
+    for k, case in enumerate(cases):  # each point a sweep of its own: its rates timed after its own steps
+        run_dir = os.path.join(out, name, f"{k:02d}-{case.strategy}-b{case.batch_size}-s{case.seq_len}")
+        run_sweep(dataclasses.replace(suite, cases=(case,)), SweepOptions(out_dir=run_dir), annotate=annotate)
+        records += load_records(run_dir).records
+    return records
 
 
 def row(name: str, r: dict, load: float | None) -> dict | None:

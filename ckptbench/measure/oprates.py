@@ -24,8 +24,8 @@ import time
 import torch
 
 TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
-TRIALS = 3
-LONG_S = 0.05  # an op this long is timed twice after its warm-up call, not three times
+TRIALS = 5
+LONG_S = 0.05  # an op this long is timed in three single calls after its warm-up call
 OTHER_FLOAT = 0.37  # a scalar no kernel takes a shortcut for, where the trace kept none (SPECIAL_FLOATS)
 MUTATING_REPS = 8  # back-to-back calls of an in-place op per trial at most: its values stay near 1
 
@@ -95,7 +95,7 @@ def clock(device: str):
 
 def time_call(call, device: str, reps_cap: int | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then :data:`TRIALS`
-    trials of back-to-back calls (two single calls for an op longer than :data:`LONG_S`), their median: in
+    trials of back-to-back calls (three single calls for an op longer than :data:`LONG_S`), their median: in
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
     as the step's own ops are."""
     now = clock(device)
@@ -105,7 +105,7 @@ def time_call(call, device: str, reps_cap: int | None = None) -> float:
     once = now() - t0
     reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
     trials = []
-    for _ in range(TRIALS if once < LONG_S else 2):
+    for _ in range(TRIALS if once < LONG_S else 3):
         t0 = now()
         for _ in range(reps):
             call()

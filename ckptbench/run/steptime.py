@@ -31,7 +31,7 @@ from .ratecache import DEFAULT_DIR, RateCache, machine_facts
 PROBE_HEAD_WIDTH = 4
 PROBE_VOCAB = 64
 PROBE_TOKENS = 16
-PROBE_WARMUP, PROBE_STEPS = 2, 8
+PROBE_WARMUP, PROBE_STEPS = 3, 12
 
 
 def architecture_key(case: Case) -> str:

@@ -28,7 +28,7 @@ CASE_INTS = ("batch_size", "seq_len", "every_n_layers", "local_sgd_steps", "grad
 MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "step_time_cv", "tokens_per_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
                     "hardware_flops_per_step", "ideal_recompute_ratio")
-MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_layers")
+MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 
 
 def _number(value) -> bool:
