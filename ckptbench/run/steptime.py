@@ -1,7 +1,8 @@
 """The step-time model at run time: trace a Case, time here what this machine has not timed yet, price the step.
 
-:func:`predict` traces the Case's step on fake tensors (:func:`ckptbench.theory.optrace.trace_case`), looks
-each distinct entry up in the machine's rate cache (:mod:`.ratecache`), times the ones it lacks
+:func:`predict` takes the ops the Case's step runs (the worker's memory step recorded them; without
+them, the step is traced on fake tensors: :func:`ckptbench.theory.optrace.trace_case`), looks each distinct
+entry up in the machine's rate cache (:mod:`.ratecache`), times the ones it lacks
 (:mod:`ckptbench.measure.oprates`), and prices the step (:func:`ckptbench.theory.steptime.step_cost`).
 No training step of the Case is timed to calibrate anything: every rate is an operator microbenchmark.
 
@@ -12,7 +13,7 @@ precision, loop, optimizer) shrunk until its kernels cost nothing: 4 wide a head
 sequence of 16 tokens (:func:`probe_case`).  Its step time less its own ops' timed cost, per op, is the
 framework's time per op on a CPU; on a GPU, where the host runs ahead of the kernels, the probe's whole
 step per op is the host's time, and the step takes the longer of the two.  Each architecture is probed once
-per machine and kept in the cache.
+per rate cache (a sweep's, or the one ``plan`` keeps) and kept there.
 """
 
 from __future__ import annotations
