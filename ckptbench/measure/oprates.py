@@ -117,8 +117,8 @@ def time_call(call, device: str, reps_cap: int | None = None) -> float:
 def time_entry(entry: dict, device: str = "cpu") -> float | None:
     """Seconds one call of the entry's op takes here, or None when it cannot be replayed."""
     op = entry["op"]
-    if op.startswith("copy."):
-        return time_copy(entry, device)
+    if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
+        return time_copy(entry, device) if op.startswith("copy.") else None
     try:
         func = resolve(op)
         _, args, kwargs = json.loads(entry["key"])

@@ -124,7 +124,9 @@ class OpRecorder(FlopCounter):
             flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             kind = "copy" if len({t.device.type for t in tensors}) > 1 else kind_of(str(func), flops, func)
-            nbytes = 0 if kind == "view" else sum(spanned_bytes(t) for t in tensors)
+            spans = [spanned_bytes(t) for t in tensors]
+            # a copy between devices is priced by the bytes that cross the link: its payload, once
+            nbytes = 0 if kind == "view" else max(spans, default=0) if kind == "copy" else sum(spans)
             entry = self._entry(key, str(func), kind, flops, nbytes)
         entry["counts"][phase] += 1
         if self.calls is not None:

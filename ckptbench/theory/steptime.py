@@ -1,6 +1,7 @@
 """A step's time, priced op by op: the traced step's operators at the rates this device was measured at.
 
-The step is traced on fake tensors (:mod:`.optrace`): every aten op it dispatches, forward, backward
+The step's op trace (:mod:`ckptbench.measure.optrace`: recorded on the real step, or on fake tensors by
+:mod:`.optrace`) holds every aten op it dispatches, forward, backward
 (the recomputation of checkpointed layers included, as torch runs it, early stop and all), the optimizer
 step and, for an offloaded CUDA step, the host↔device copies, grouped into distinct (op, shapes, dtypes)
 entries with their counts.  Each entry is priced by a :class:`Rates` table:
@@ -16,8 +17,8 @@ entries with their counts.  Each entry is priced by a :class:`Rates` table:
 
 and on a CPU every op also pays the framework's time per op (Python, autograd's graph and engine, module
 hooks, checkpoint's bookkeeping: what a step spends beside its kernels, measured on the same
-architecture shrunk until its kernels cost nothing).  A GPU runs asynchronously: there the host's time
-hides behind the kernels, and only the launch floor is kept.
+architecture shrunk until its kernels cost nothing).  A GPU runs asynchronously: there the step takes the
+longer of the host's time and the kernels' (:attr:`Rates.host_bound`).
 
 Without the device (planning a GPU from a CPU), :func:`datasheet_rates` prices every entry from the
 card's datasheet peak FLOP/s and memory bandwidth: an optimistic figure (no kernel reaches its
