@@ -93,9 +93,9 @@ def clock(device: str):
     return time.perf_counter
 
 
-def time_call(call, device: str, reps_cap: int | None = None) -> float:
-    """Seconds per call of `call`: one call to warm it (and to size the trials), then :data:`TRIALS`
-    trials of back-to-back calls (three single calls for an op longer than :data:`LONG_S`), their median: in
+def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS) -> float:
+    """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
+    back-to-back calls (at most three single calls for an op longer than :data:`LONG_S`), their median: in
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
     as the step's own ops are."""
     now = clock(device)
@@ -104,18 +104,19 @@ def time_call(call, device: str, reps_cap: int | None = None) -> float:
     _sync(device)
     once = now() - t0
     reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
-    trials = []
-    for _ in range(TRIALS if once < LONG_S else 3):
+    per_call = []
+    for _ in range(trials if once < LONG_S else min(trials, 3)):
         t0 = now()
         for _ in range(reps):
             call()
         _sync(device)
-        trials.append((now() - t0) / reps)
-    return statistics.median(trials)
+        per_call.append((now() - t0) / reps)
+    return statistics.median(per_call)
 
 
-def time_entry(entry: dict, device: str = "cpu") -> float | None:
-    """Seconds one call of the entry's op takes here, or None when it cannot be replayed."""
+def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS) -> float | None:
+    """Seconds one call of the entry's op takes here (the median of `trials`), or None when it cannot be
+    replayed."""
     op = entry["op"]
     if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
         return time_copy(entry, device) if op.startswith("copy.") else None
@@ -124,7 +125,8 @@ def time_entry(entry: dict, device: str = "cpu") -> float | None:
         _, args, kwargs = json.loads(entry["key"])
         args, kwargs = make_value(args, device), {k: make_value(v, device) for k, v in kwargs.items()}
         with torch.no_grad():
-            return time_call(lambda: func(*args, **kwargs), device, MUTATING_REPS if _is_mutating(func) else None)
+            return time_call(lambda: func(*args, **kwargs), device, MUTATING_REPS if _is_mutating(func) else None,
+                             trials)
     except (NotReplayable, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
         entry.setdefault("replay_error", f"{type(exc).__name__}: {exc}"[:200])
         return None

@@ -32,7 +32,7 @@ from .ratecache import DEFAULT_DIR, RateCache, machine_facts
 PROBE_HEAD_WIDTH = 4
 PROBE_VOCAB = 64
 PROBE_TOKENS = 16
-PROBE_WARMUP, PROBE_STEPS = 3, 12
+PROBE_WARMUP, PROBE_ROUNDS, PROBE_ROUND_STEPS = 3, 5, 3
 
 
 def architecture_key(case: Case) -> str:
@@ -58,21 +58,32 @@ def probe_case(case: Case) -> Case:
 
 
 class _ProbeSchedule:
-    """What a loop reports its steps to (as :class:`.schedule.StepSchedule`): warm-up steps, timed steps (the
-    wall clock and the stepping thread's CPU time), then one step under the op recorder.  No memory step."""
+    """What a loop reports its steps to (as :class:`.schedule.StepSchedule`): warm-up steps, one step under
+    the op recorder, then :data:`PROBE_ROUNDS` rounds of timed steps (the stepping thread's CPU time on a
+    one-thread CPU, else the wall clock), each round followed by a timing of every op the recorded step ran.
+    Steps and microbenchmarks alternate, so each round's framework time is taken under one set of conditions
+    (a shared machine's moved the probe's steps by half between minutes).  No memory step."""
 
-    def __init__(self, layers: list, device, warmup: int, timed: int):
+    def __init__(self, layers: list, device, price):
+        import torch
+
         from ..measure.optrace import OpRecorder
         from ..measure.timing import timer_for
         from .memory_step import MemoryStepMarks
 
-        self.warmup, self.timed, self.total = warmup, timed, warmup + timed + 1
+        self.total = PROBE_WARMUP + 1 + PROBE_ROUNDS * PROBE_ROUND_STEPS
         self.marks = MemoryStepMarks(layers)  # never started: no step is a memory step
         self.timer = timer_for(device.type)
+        self.cpu = device.type == "cpu" and torch.get_num_threads() == 1
         self.recorder = OpRecorder()
+        self.gpu = device.type == "cuda"
+        self.price = price  # entries -> (their kernels' seconds, their dispatched ops)
+        self.rounds: list[float] = []  # framework seconds per op, one per round
+        self.steps: list[float] = []  # each round's median step
+        self.kernels: list[float] = []  # each round's ops, timed
 
     def kind(self, k: int) -> str:
-        return "warmup" if k < self.warmup else "timed" if k < self.warmup + self.timed else "recorded"
+        return "warmup" if k < PROBE_WARMUP else "recorded" if k == PROBE_WARMUP else "timed"
 
     def begin(self, k: int) -> None:
         if self.kind(k) == "timed":
@@ -81,14 +92,22 @@ class _ProbeSchedule:
             self.recorder.__enter__()
 
     def end(self, k: int, loss) -> None:
-        if self.kind(k) == "timed":
-            self.timer.stop()
-        elif self.kind(k) == "recorded":
+        if self.kind(k) == "recorded":
             self.recorder.__exit__(None, None, None)
+        elif self.kind(k) == "timed":
+            self.timer.stop()
+            if (k - PROBE_WARMUP) % PROBE_ROUND_STEPS == 0:  # a round's last step
+                steps = (self.timer.cpu_times() if self.cpu else self.timer.times())[-PROBE_ROUND_STEPS:]
+                kernels, ops = self.price(self.recorder.trace())
+                step = statistics.median(steps)
+                # a GPU's host runs ahead of its kernels: the probe's whole step is the host's time
+                self.rounds.append((step if self.gpu else step - kernels) / ops)
+                self.steps.append(step)
+                self.kernels.append(kernels)
 
 
-def _step_times(case: Case) -> tuple[list[float], list[dict]]:
-    """The probe's timed steps through the point's own loop, and the ops one more step of it ran."""
+def _probe(case: Case, price) -> _ProbeSchedule:
+    """The probe's steps through the point's own loop (:class:`_ProbeSchedule`)."""
     import torch
 
     from ..train.adapters import with_adapters
@@ -102,11 +121,9 @@ def _step_times(case: Case) -> tuple[list[float], list[dict]]:
         model = with_adapters(build_model(case.model, device), case.setup.lora)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         loop = loop_for(case, model, batch)
-        schedule = _ProbeSchedule(decoder_layers(model), device, PROBE_WARMUP, PROBE_STEPS)
+        schedule = _ProbeSchedule(decoder_layers(model), device, price)
         loop.run(schedule)
-    # a CPU step's own cost is its thread's CPU time (with one torch thread): what the ops are timed in
-    cpu = schedule.timer.cpu_times() if torch.get_num_threads() == 1 else []
-    return cpu or schedule.timer.times(), schedule.recorder.trace()
+    return schedule
 
 
 def _timed(entries: list[dict], cache: RateCache, device: str) -> tuple[dict[str, float], int]:
@@ -141,19 +158,27 @@ def _figures(cache: RateCache, device: str) -> dict:
 
 
 def framework_time(case: Case, cache: RateCache) -> dict:
-    """The architecture's framework time per op (see the module's text), from the cache or probed now."""
+    """The architecture's framework time per op (see the module's text), from the cache or probed now: the
+    median of the probe's rounds, each its steps' median less its ops' timed cost (one trial each), per op."""
+    from ..measure.oprates import time_entry
+
     arch = architecture_key(case)
     found = cache.framework(arch)
     if found:
         return found
-    probe = probe_case(case)
-    times, entries = _step_times(probe)
     figures = _figures(cache, case.device)
-    rates = Rates(case.device, "", _timed(entries, cache, case.device)[0], dispatch_s=figures["dispatch_s"])
-    cost = step_cost(entries, rates)
-    step = statistics.median(times)
-    per_op = (step if case.device == "cuda" else step - cost.kernel_s) / cost.ops
-    found = {"per_op_s": per_op, "step_s": step, "kernel_s": cost.kernel_s, "ops": cost.ops,
+
+    def price(entries: list[dict]) -> tuple[float, int]:
+        timed = {e["key"]: t for e in entries if e["kind"] != "view"
+                 for t in [time_entry(e, case.device, trials=1)] if t is not None}
+        cost = step_cost(entries, Rates(case.device, "", timed, dispatch_s=figures["dispatch_s"],
+                                        bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"]))
+        return cost.kernel_s, cost.ops
+
+    probe = probe_case(case)
+    schedule = _probe(probe, price)
+    found = {"per_op_s": statistics.median(schedule.rounds), "rounds_per_op_s": schedule.rounds,
+             "step_s": statistics.median(schedule.steps), "kernel_s": statistics.median(schedule.kernels),
              "probe": f"{probe.model.label}, {probe.strategy}, b=1 s={PROBE_TOKENS}"}
     cache.add({}, framework={arch: found})
     return found
