@@ -1,6 +1,6 @@
 """Print docs/step-time-model.md's accuracy table: the step-time model's prediction beside the measured step.
 
-    python scripts/step_time_accuracy.py [--out DIR] [--models llama,qwen2,gpt2] [--steps N]
+    python scripts/step_time_accuracy.py [--out DIR] [--models llama,qwen2,gpt2] [--steps N] [--passes N]
 
 Every point runs through the product's own sweep, one sweep per point: a fresh worker builds the model,
 runs its warm-up, memory and timed steps, then predicts its own step time
@@ -119,24 +119,28 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join("results", f"step-time-{time.strftime('%Y%m%d-%H%M%S')}"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--steps", type=int, default=3, help="timed steps per point (the suites' default: 3)")
+    p.add_argument("--passes", type=int, default=1, help="run the grid this many times, one table each")
     args = p.parse_args()
     import torch
 
     from ckptbench.env import cpu_model
 
-    loads: dict[str, float] = {}
-    started, load_before = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()
-    rows = []
-    for name in args.models.split(","):
-        records = run_model(name, list(MODELS).index(name), args.out, args.steps, loads)
-        rows += [row(name, r, loads.get(r["case_id"])) for r in records]
-        print(f"{name}: {len(records)} points", file=sys.stderr, flush=True)
-    rows.sort(key=lambda x: (list(MODELS).index(x["model"]), x["strategy"], x["batch"], x["seq"]))
-    print(f"{started}, {cpu_model()} ({os.cpu_count()} cores, {platform.machine()}), torch {torch.__version__}, "
-          f"1 thread; load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, "
-          f"after {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; records in {args.out}\n")
-    print(table(rows))
-    print(f"\n{summary(rows)}")
+    for k in range(args.passes):
+        loads: dict[str, float] = {}
+        started, load_before = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()
+        out = os.path.join(args.out, f"pass-{k + 1}") if args.passes > 1 else args.out
+        rows = []
+        for name in args.models.split(","):
+            records = run_model(name, list(MODELS).index(name), out, args.steps, loads)
+            rows += [row(name, r, loads.get(r["case_id"])) for r in records]
+            print(f"{name}: {len(records)} points", file=sys.stderr, flush=True)
+        rows.sort(key=lambda x: (list(MODELS).index(x["model"]), x["strategy"], x["batch"], x["seq"]))
+        print(f"{'### pass ' + str(k + 1) + chr(10) + chr(10) if args.passes > 1 else ''}"
+              f"{started}, {cpu_model()} ({os.cpu_count()} cores, {platform.machine()}), torch {torch.__version__}, "
+              f"1 thread; load average before {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}, "
+              f"after {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; records in {out}\n")
+        print(table(rows))
+        print(f"\n{summary(rows)}\n", flush=True)
     return 0
 
 
