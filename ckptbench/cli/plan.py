@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -128,11 +129,11 @@ def assumptions(args):
         raise UsageError("--sharding fsdp: shards state over --world N > 1 ranks that step together "
                          "(no --local-sgd-steps)")
     case = _case(args)
-    spec, compute = case.model, case.compute_dtype
+    compute = case.compute_dtype
     cal = read_calibration(args.calibration, args.verify)
-    sources = {"efficiency": "default"}
-    a = {"efficiency": planner.EFFICIENCY, "world": args.world, "local_sgd_steps": args.local_sgd_steps,
-         "network": args.network, "sharding": args.sharding}
+    sources = {}
+    a = {"world": args.world, "local_sgd_steps": args.local_sgd_steps, "network": args.network,
+         "sharding": args.sharding}
     if args.world > 1 and args.sharding == "fsdp":
         sources["network"] = (f"{args.world} ranks, FSDP2: each layer all-gathered twice and reduce-scattered once "
                               f"a step on {args.network} (alpha-beta projection, added to compute)")
@@ -140,15 +141,12 @@ def assumptions(args):
         sync = f"local SGD every {args.local_sgd_steps} steps" if args.local_sgd_steps else "DDP every step"
         sources["network"] = (f"{args.world} ranks, {sync}: ring all-reduce on {args.network} "
                               "(alpha-beta projection, added to compute)")
-    if cal.get("training_efficiency"):
-        a["efficiency"] = cal["training_efficiency"]
-        sources["efficiency"] = f"calibration {args.calibration} (from --verify)"
+    if cal.get("training_efficiency"):  # what an older --verify wrote: read, and said to be unused
+        sources["training_efficiency"] = (f"{cal['training_efficiency']:.0%} in {args.calibration}, from an older "
+                                          "--verify: not used, step times come from op rates")
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
-        from ..run import calibration
-
-        a["peak_flops_per_s"], sources["peak_flops_per_s"] = calibration.cpu_matmul_rate(spec, args.seq, compute)
         return case, planner.Assumptions(parse_bytes(args.memory), "cpu", None, **a, sources=sources)
     name = planner.CARDS[args.device][0]
     peak = planner.datasheet_peak(name, compute)
@@ -168,6 +166,21 @@ def assumptions(args):
         a["link_bytes_per_s"] = min(links)
         sources["link_bytes_per_s"] = f"calibration {args.calibration}"
     return case, planner.Assumptions(**a, sources=sources)
+
+
+def step_timer(args, a, threads: int):
+    """Who times the plan's steps: the op rates measured here (this CPU, or the card itself when the plan
+    runs on it), else the card's datasheet rates (:class:`~ckptbench.theory.plantime.DatasheetTimer`)."""
+    from ..run.steptime import MeasuredTimer
+    from ..theory.plantime import DatasheetTimer
+
+    if a.device == "cpu":
+        return MeasuredTimer(args.rates_dir, threads)
+    import torch
+
+    if torch.cuda.is_available() and a.device_name.lower() in torch.cuda.get_device_name().lower():
+        return MeasuredTimer(args.rates_dir, threads)
+    return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
 
 
 def run_label(case) -> str:
@@ -201,11 +214,11 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
         lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
                      "--json lists each)")
     lines.append(f"recommended: {why_nothing or recommendation(options)}")
+    lines.append(f"step time: each op of the traced step priced at {a.step_time_source or 'no rates'}")
     lines.append("assumed: " + "; ".join(
-        [f"efficiency {a.efficiency:.0%} of peak FLOP/s ({a.sources.get('efficiency', 'default')})"]
-        + ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
-            f"({a.sources.get('reserved_margin', 'default')})"] if a.device == "cuda" else [])
-        + [f"{k}: {v}" for k, v in a.sources.items() if k not in ("efficiency", "reserved_margin")]))
+        ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
+          f"({a.sources.get('reserved_margin', 'default')})"] if a.device == "cuda" else [])
+        + [f"{k}: {v}" for k, v in a.sources.items() if k != "reserved_margin"] or ["nothing beyond the estimate"]))
     return "\n".join(lines)
 
 
@@ -220,7 +233,10 @@ def cmd_plan(args) -> int:
     if args.layer_sets and (type(predict) is not planner.Analytic or args.verify):
         raise UsageError("--layer-sets: planned from the analytic estimate of an unsharded point, without --verify "
                          "(which measures every_n_layers settings)")
-    options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup, layer_sets=args.layer_sets)
+    timer = step_timer(args, a, case.train.threads)
+    options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup, layer_sets=args.layer_sets,
+                           timer=timer)
+    a = dataclasses.replace(a, step_time_source=timer.source)
     why = "" if any(o.max_batch for o in options) else planner.nothing_fits(spec, args.seq, a, predict, case.setup)
     took = time.perf_counter() - t0
     label = run_label(case)
@@ -246,7 +262,7 @@ def cmd_plan(args) -> int:
     if args.verify:
         from .verify import verify
 
-        return verify(args, case, options, a, predict)
+        return verify(args, case, options, a, predict, timer)
     return 0
 
 
@@ -265,7 +281,10 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", type=int, help="override the model's layer count")
     add_precision_flags(p)
     p.add_argument("--attn", choices=("eager", "sdpa"))
-    p.add_argument("--calibration", help="a `ckptbench calibrate` JSON: measured matmul rate and copy bandwidth")
+    p.add_argument("--calibration", help="a `ckptbench calibrate` JSON of the card: its measured matmul rate and "
+                                         "copy bandwidth replace the datasheet's")
+    p.add_argument("--rates-dir", default=os.path.join("results", "op-rates"), metavar="DIR",
+                   help="where the op rates measured here are kept between plans (default results/op-rates)")
     p.add_argument("--from-run", metavar="DIR",
                    help="a CUDA run's results: its measured allocator reserve and CUDA context replace the defaults")
     p.add_argument("--simulate", action="store_true",
@@ -290,7 +309,7 @@ def add_parser(sub) -> None:
     p.add_argument("--html", metavar="FILE", help="also write the plan as a self-contained HTML page")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",
-                   help="run the recommendation and its neighbours here, print predicted vs measured, and "
-                        "write the measured efficiency into --calibration")
+                   help="run the recommendation and its neighbours here and print predicted vs measured step "
+                        "time and peak (nothing is fitted to them: every point is held out)")
     p.add_argument("--out", help="with --verify: results directory (default results/plan-verify-<time>)")
     p.set_defaults(func=cmd_plan)

@@ -42,20 +42,29 @@ class StepStats:
 
 
 class CpuTimer:
+    """Wall time per step, and beside it the CPU time of the thread that ran it (with one torch thread, all
+    of the step's work: a shared machine's other processes make the wall time longer, not this one)."""
+
     kind = "perf_counter"
 
     def __init__(self) -> None:
         self._starts: list[float] = []
         self._ends: list[float] = []
+        self._cpu: list[list[float]] = []
 
     def start(self) -> None:
+        self._cpu.append([time.thread_time()])
         self._starts.append(time.perf_counter())
 
     def stop(self) -> None:
         self._ends.append(time.perf_counter())
+        self._cpu[-1].append(time.thread_time())
 
     def times(self) -> list[float]:
         return [e - s for s, e in zip(self._starts, self._ends)]
+
+    def cpu_times(self) -> list[float]:
+        return [pair[1] - pair[0] for pair in self._cpu if len(pair) == 2]
 
 
 class CudaTimer:
@@ -80,6 +89,9 @@ class CudaTimer:
     def times(self) -> list[float]:
         self._torch.cuda.synchronize()
         return [s.elapsed_time(e) / 1000.0 for s, e in self._pairs]
+
+    def cpu_times(self) -> list[float]:
+        return []  # the step's work is the GPU's
 
 
 def timer_for(device_type: str):

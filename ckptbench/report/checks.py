@@ -23,7 +23,7 @@ from .columns import CHECK_FIELDS, strategy_order
 
 INLINE_CHECKS = 400  # up to this many checks the page lists every one; past it, the failing ones only
 MAX_FAILING_ROWS = 5000  # a run failing everywhere still renders: the CSV holds the rest
-VERDICT_ORDER = {"fail": 0, "skip": 1, "pass": 2}
+VERDICT_ORDER = {"fail": 0, "off": 1, "skip": 2, "agrees": 3, "pass": 4}
 CSV_FIELDS = ("verdict", "quantity", "setting", "strategy", "case_id", *(f for f in CHECK_FIELDS
                                                                         if f not in ("verdict", "quantity")))
 
@@ -75,10 +75,10 @@ def _count(by: dict[str, dict], c: dict) -> None:
     quantity = str(c.get("quantity"))
     q = by.get(quantity)
     if q is None:
-        q = by[quantity] = {"quantity": quantity, "pass": 0, "fail": 0, "skip": 0,
+        q = by[quantity] = {"quantity": quantity, "pass": 0, "fail": 0, "skip": 0, "agrees": 0, "off": 0,
                             "lo": math.inf, "hi": -math.inf, "tolerances": set()}
     verdict = str(c.get("verdict"))
-    q[verdict if verdict in ("pass", "fail", "skip") else "skip"] += 1
+    q[verdict if verdict in ("pass", "fail", "skip", "agrees", "off") else "skip"] += 1  # agrees/off: predictions
     tolerance = c.get("tolerance")
     if isinstance(tolerance, (int, float)):
         q["tolerances"].add(tolerance)

@@ -126,6 +126,8 @@ def plan_page(plan: dict) -> str:
             + (f"<img alt='{escape(fig.alt)}' src='{fig.uri}'>" if fig else "")
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
             "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>"
-            f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p><ul>{sources}</ul>"
+            f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"
+            f"<p>Step time: each op of the traced step priced at "
+            f"{escape(str(plan['assumptions'].get('step_time_source') or 'no rates'))}</p><ul>{sources}</ul>"
             "<p>Predicted, not measured: <code>ckptbench plan --verify</code> or a sweep with "
             "<code>--plan</code> measures it.</p></body></html>")

@@ -6,10 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 
 from ..errors import UsageError
-from ..spec import Case, ModelSpec, TrainSpec
+from ..spec import Case
 from ..theory.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120
@@ -27,15 +26,6 @@ def machine_rates(cases: list[Case]) -> tuple[Rates | None, str]:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"calibration failed: {last}"
     return Rates.from_json(json.loads(proc.stdout)), ""
-
-
-def cpu_matmul_rate(spec: ModelSpec, seq: int, compute: str, threads: int = 1) -> tuple[float | None, str]:
-    """(this CPU's `threads`-thread matmul rate in the dtype the step computes in, where it comes from), or
-    (None, why it could not be had).  The rate of the moment: a busier machine gives a lower one."""
-    rates, why = machine_rates([Case(model=replace(spec, dtype=compute), train=TrainSpec(threads=threads),
-                                     batch_size=1, seq_len=seq)])
-    peak = rates.matmul.get(("cpu", compute, threads)) if rates else None
-    return peak, f"measured here ({threads} thread{'s' if threads > 1 else ''})" if peak else f"unknown: {why}"
 
 
 def read_calibration(path: str | None, verify: bool = False) -> dict:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..measure.flops import FlopCounter
 from ..measure.memory import probe_for
+from ..measure.optrace import OpRecorder
 from ..measure.saved import LayerProbe, SavedTensorCounter
 from ..measure.storage import StorageSerials
 
@@ -33,7 +33,7 @@ class MemoryStepMarks:
         param_keys = {serials(p) for p in model.parameters()}
         self.layer_probe = LayerProbe(serials, self.layers, on_phase=self.probe.set_phase, on_mark=self.probe.mark)
         self.counter = SavedTensorCounter(serials, param_keys, layer_of=lambda: self.layer_probe.current)
-        self.flops = FlopCounter()
+        self.flops = OpRecorder()  # FLOPs per phase, and every op with its shapes (the step's op trace)
         self.micro = 0
         self.layer_probe.__enter__()
         self.probe.start()

@@ -216,6 +216,8 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "step_time_p90_s": stats.p90_s,
         "step_time_mean_s": stats.mean_s,
         "step_time_cv": stats.cv,
+        # the CPU time of the stepping thread (CPU points): with one torch thread, the step's own cost
+        "step_cpu_times_s": timer.cpu_times(),
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,
@@ -235,6 +237,19 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         **reference(case.model),
         "threads": torch.get_num_threads(),
     }
+
+
+def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None) -> dict:
+    """The step-time model's prediction for the point (:func:`.steptime.predict`), made after its steps ran,
+    from the ops its memory step ran (`trace`; traced on fake tensors when there is none): the op rates it
+    lacks are timed here, under the conditions the steps ran in, and kept in `rates_dir` for the sweep's
+    next points.  A model that cannot predict the point says why instead."""
+    from .steptime import predict
+
+    try:
+        return predict(case, rates_dir, trace=trace)
+    except Exception as exc:  # the prediction never costs the point its measurement
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def simulated_estimate(case: Case) -> dict:
@@ -341,7 +356,10 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
-        result["measurement"] = measure(case, t_submit, fault, timeout_s)
+        result["measurement"] = m = measure(case, t_submit, fault, timeout_s)
+        # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
+        rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
+        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None))
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

@@ -30,7 +30,7 @@ MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
                     "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
                     "timing_window_s")
-MEASURED_LISTS = ("step_times_s", "repeat_medians_s", "losses", "recomputed_layers")
+MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 
 
 def _number(value) -> bool:

@@ -16,6 +16,7 @@ from .checks import (
     gates,
     judge,
     same_layers,
+    step_time_check,
     verdict,
 )
 from .estimate import estimate_case
@@ -85,7 +86,8 @@ def annotate_record(case: Case, record: dict) -> None:
         record["estimate_source"] = "analytic"
         checks = check(case, m, est_obj)
     if case.world_size == 1:
-        checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout)]
+        checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout),
+                  step_time_check(m)]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = gates(m)
     if case.world_size == 1:

@@ -9,6 +9,7 @@ Pure: no torch import, runs in the sweep's parent process.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 from ..configs import DIM_ALIASES
@@ -281,6 +282,27 @@ def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
     return est, checks
 
 
+STEP_TIME_TOLERANCE = 0.10
+PREDICTION_VERDICTS = ("agrees", "off")  # a prediction's verdicts: reported, never a pass or a fail
+
+
+def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
+    """The measured median step time against the step-time model's prediction (:mod:`.steptime`, priced
+    from this machine's op rates; no step was timed to calibrate it): ``agrees`` within `tol`, else ``off``.
+    A prediction, not a gate: neither verdict passes or fails the record (:func:`verdict`); ``skip`` when
+    either side is missing, with the reason the model gave."""
+    model = m.get("step_time_model") or {}
+    measured, predicted = m.get("step_time_median_s"), model.get("predicted_s")
+    if not measured or not predicted:
+        return Check("step_time_s", measured, predicted, None, tol, "skip", model.get("error"))
+    ratio = measured / predicted
+    note = f"prediction from {model.get('source', 'op rates')}"
+    cpu = m.get("step_cpu_times_s")
+    if cpu:  # what the step cost its thread: the wall time less any wait for a shared core
+        note += f"; the step's CPU time {statistics.median(cpu) / predicted:.3f} of the prediction"
+    return Check("step_time_s", measured, predicted, ratio, tol, PREDICTION_VERDICTS[abs(ratio - 1) > tol], note)
+
+
 def gates(m: dict) -> dict[str, int]:
     """Conditions that make a measurement worthless whatever it says (not predictions): steps whose loss
     was NaN or inf.  A failed gate fails the record; a passed one proves nothing about the estimate."""
@@ -292,7 +314,8 @@ def gates(m: dict) -> dict[str, int]:
 
 def verdict(checks: list[Check], gate_values: dict[str, int]) -> str:
     """``fail`` on any failed check or gate, ``pass`` when at least one check was judged and none failed,
-    ``unchecked`` when nothing was judged (every check skipped): never a pass by default."""
+    ``unchecked`` when nothing was judged (every check skipped): never a pass by default.  A prediction's
+    ``agrees`` / ``off`` (:func:`step_time_check`) judges nothing here."""
     verdicts = {c.verdict for c in checks}
     if "fail" in verdicts or any(gate_values.values()):
         return "fail"

@@ -3,9 +3,11 @@
 For each strategy (no checkpointing; every distinct set of checkpointed layers that ``every_n_layers``
 = 1…L gives; each with and without offload) the planner finds, by bisection over the estimated peak,
 the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
-then predicts the step time at that batch: hardware FLOPs (recompute included, with non-reentrant
-checkpoint's early stop) over the device's peak × an efficiency, plus the offload copies over the
-host↔device bandwidth.  The recommendation is the highest predicted tokens/s that fits.  With
+then predicts the step time at that batch from the ops the step runs (:mod:`.steptime`: the step traced,
+recompute and offload copies included, each op priced at the rates measured on this machine, or at the
+card's datasheet rates when it is not here, :mod:`.plantime`), plus the collectives of data parallel ranks.
+The recommendation is the highest predicted tokens/s that fits, so a larger batch wins only where it
+really is faster per token.  With
 ``layer_sets`` the strategies also hold, for each count of layers no ``every_n_layers`` checkpoints, the
 best set of that many layers (:mod:`.layersets`), with and without offload.
 
@@ -27,11 +29,10 @@ from .flops import hardware_flops_per_token, peak_flops
 from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 from .layersets import layer_set_strategies
 from .network import LINKS, allreduce_s
-from .offload import offload_bound_s
+from .plantime import DatasheetTimer
 
 CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
 CUDA_CONTEXT_BYTES = 600 * 2**20  # CUDA context and library workspaces, stated apart by the meters
-EFFICIENCY = 0.40  # achieved / datasheet FLOP/s of a training step, until calibrated
 HOST_LINK_BYTES_PER_S = 20e9  # pinned host<->device copies, each way, until calibrated
 MAX_BATCH = 1 << 16
 # Datasheet memory of the cards `--device` names (bytes).
@@ -47,10 +48,10 @@ class Assumptions:
     device_name: str | None = None  # for the datasheet FLOP/s (H100, H200, ...)
     reserved_margin: float = 0.0
     context_bytes: int = 0
-    efficiency: float = EFFICIENCY
-    peak_flops_per_s: float | None = None
+    peak_flops_per_s: float | None = None  # a card's matmul FLOP/s: its datasheet's, or a calibration's
     link_bytes_per_s: float = HOST_LINK_BYTES_PER_S
     sources: dict = field(default_factory=dict)  # figure -> "default" | "calibration FILE" | "datasheet"
+    step_time_source: str = ""  # where the step times come from (measured here at ... | datasheet ...)
     # data parallel over `world` ranks (each holds the whole model, plus DDP's gradient buckets), averaging
     # every step (local_sgd_steps 0: DDP) or every K steps, over the named network link
     world: int = 1
@@ -173,28 +174,38 @@ def _largest(make, a: Assumptions, hi: int, predict) -> int:
     return lo
 
 
-def step_seconds(case: Case, a: Assumptions, predict=None) -> tuple[float | None, float]:
-    """(predicted step time, recompute share of the FLOPs)."""
+def default_timer(a: Assumptions):
+    """The step times a plan gets when its caller gives none: a card's datasheet rates (a CPU plan is
+    timed by the caller, with the rates measured here: :class:`ckptbench.run.steptime.MeasuredTimer`)."""
+    if a.device != "cuda":
+        return None
+    return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
+
+
+def step_seconds(case: Case, a: Assumptions, predict=None, timer=None) -> tuple[float | None, float]:
+    """(predicted step time, recompute share of the FLOPs): `timer`'s time of the step (the traced ops
+    priced, recompute and offload copies included), plus the collectives of data-parallel ranks."""
     predict = predict or Analytic()
-    if not a.peak_flops_per_s:
-        return None, 0.0
+    timer = timer or default_timer(a)
     total, plain = predict.flops(case)
-    seconds = total / (a.peak_flops_per_s * a.efficiency) + comm_seconds(case, a, predict)
-    if case.offload:
-        offloaded = predict.offloaded(case)
-        seconds += offload_bound_s(offloaded, a.link_bytes_per_s, a.link_bytes_per_s, case.grad_accum) or 0.0
-    return seconds, (total - plain) / total
+    share = (total - plain) / total if total else 0.0
+    seconds = timer(case) if timer is not None else None
+    if seconds is None:
+        return None, share
+    return seconds + comm_seconds(case, a, predict), share
 
 
 def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None,
-         setup: Setup = Setup(), layer_sets: bool = False) -> list[Option]:
+         setup: Setup = Setup(), layer_sets: bool = False, timer=None) -> list[Option]:
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
     few-layer simulation extrapolated (:class:`.extrapolate.Simulated`) for a model without one.  A
-    largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.
+    largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.  `timer`
+    gives a Case's step time (:func:`default_timer` when None: a card's datasheet rates).
     """
     train, predict = train or TrainSpec(), predict or Analytic()
+    timer = timer or default_timer(a)
 
     def case(batch: int, s: int, n: int, off: bool, ls: tuple[int, ...] = ()) -> Case:
         return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
@@ -216,7 +227,7 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
         if max_batch:
             best = case(max_batch, seq, n, off, ls)
             opt.peak_bytes = _fits(best, a, predict)[1]
-            opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict)
+            opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict, timer)
             opt.tokens_per_s = a.world * max_batch * seq / opt.step_s if opt.step_s else None
         options.append(opt)
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))

@@ -105,7 +105,9 @@ def test_estimate_checks_table(smoke):
     rows = smoke.page.tables["check-rows"]
     assert len(rows) == len(checks)
     verdicts = [row[0] for row in rows]
-    assert verdicts == sorted(verdicts, key=lambda v: {"fail": 0, "skip": 1, "pass": 2}.get(v, 3))
+    # failures first, then predictions that are off, skips, predictions that agree, passes
+    order = {"fail": 0, "off": 1, "skip": 2, "agrees": 3, "pass": 4}
+    assert verdicts == sorted(verdicts, key=lambda v: order.get(v, 5))
 
 
 def test_failures_table_lists_the_injected_crash(smoke):

@@ -1,7 +1,7 @@
-"""`plan --verify`: the efficiency it writes is a fraction of the matmul rate of the moment its steps ran in.
+"""`plan --verify` and the plan's step times: predicted from op rates before anything runs, never fitted.
 
-The rates and the steps are stubbed, so each case is exact: the plan measured its rate on a busy machine
-(half the rate the steps later ran at), the steps ran at 58% of the rate beside them.
+The op rates and the steps are stubbed, so each figure is exact: the plan's timer prices a step at
+``10 ms + 2 ms a sequence``, and the verify steps run 5 % slower than that.
 """
 
 from __future__ import annotations
@@ -13,69 +13,74 @@ import types
 import pytest
 
 from ckptbench.cli import main
-from ckptbench.run import calibration, sweep
+from ckptbench.run import steptime, sweep
 from ckptbench.store import records
-from ckptbench.theory.plan import Analytic, Assumptions, step_seconds
 
-PLAN_RATE, STEP_RATE = 1e9, 2e9  # FLOP/s: the plan's, under load; the one the steps ran beside
+STAMP = "2026-01-02 03:04:05"
 
 
-def _verify(tmp_path, monkeypatch, capsys, rates: list[float | None], efficiency: float) -> tuple[int, str, str]:
-    """Run `plan --verify` with `rates` as successive matmul measurements and steps at `efficiency` of STEP_RATE."""
-    measured = iter(rates)
-    monkeypatch.setattr(calibration, "cpu_matmul_rate",
-                        lambda *a, **k: (r := next(measured), "measured here" if r else "unknown: stubbed"))
+def _priced(case, directory=None, threads=None, trace=None) -> dict:
+    return {"predicted_s": 0.010 + 0.002 * case.batch_size, "measured_at": [STAMP]}
+
+
+@pytest.fixture
+def measured_here(monkeypatch):
+    """The plan's CPU timer, its op rates stubbed: no microbenchmark runs."""
+    monkeypatch.setattr(steptime, "predict", _priced)
+
+
+def _plan(capsys, *flags: str) -> tuple[int, str]:
+    rc = main(["plan", "--model", "llama-tiny", "--device", "cpu", "--memory", "0.005GiB", "--seq", "64",
+               "--precision", "fp32", "--attn", "eager", *flags])
+    return rc, capsys.readouterr().out
+
+
+def test_a_cpu_plan_says_its_step_times_come_from_op_rates_measured_here_and_when(measured_here, capsys, tmp_path):
+    rc, out = _plan(capsys, "--rates-dir", str(tmp_path))
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("step time: "))
+    assert "op rates measured here" in line and STAMP in line and str(tmp_path) in line
+    # tokens/s depend on the batch: 10 ms a step whatever the batch, 2 ms a sequence
+    rows = {x.split()[0]: x.split() for x in out.splitlines() if x.split() and x.split()[0] in ("none", "full")}
+    for name in ("none", "full"):
+        batch, step, tokens = int(rows[name][1]), float(rows[name][4]), float(rows[name][5].replace(",", ""))
+        assert step == pytest.approx(0.010 + 0.002 * batch, abs=1e-3)
+        assert tokens == pytest.approx(batch * 64 / (0.010 + 0.002 * batch), rel=1e-2)
+
+
+def test_a_card_plan_says_its_step_times_are_datasheet_rates(capsys):
+    rc = main(["plan", "--model", "llama-tiny", "--device", "h100", "--seq", "64", "--precision", "bf16",
+               "--attn", "sdpa"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    line = next(x for x in out.splitlines() if x.startswith("step time: "))
+    assert "datasheet rates of the NVIDIA H100 80GB HBM3" in line and "lower bound" in line
+
+
+def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(measured_here, tmp_path,
+                                                                                 monkeypatch, capsys):
     ran = []
 
     def run(suite, options, annotate=None):
         os.makedirs(options.out_dir)
         ran.extend(suite.cases)
 
-    monkeypatch.setattr(sweep, "run_sweep", run)
-    exact = Assumptions(memory_bytes=2**30, device="cpu", peak_flops_per_s=STEP_RATE, efficiency=1.0)
-
     def load(out):
         return types.SimpleNamespace(records=[
-            {"case_id": c.id, "status": "ok",
-             "measurement": {"step_time_median_s": step_seconds(c, exact, Analytic())[0] / efficiency}}
+            {"case_id": c.id, "status": "ok", "measurement": {"step_time_median_s": 1.05 * _priced(c)["predicted_s"]}}
             for c in ran])
 
+    monkeypatch.setattr(sweep, "run_sweep", run)
     monkeypatch.setattr(records, "load_records", load)
     cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps({"kept": 1}))
-    rc = main(["plan", "--model", "llama-tiny", "--device", "cpu", "--memory", "0.005GiB", "--seq", "64",
-               "--precision", "fp32", "--attn", "eager", "--verify", "--out", str(tmp_path / "run"), "--calibration", str(cal)])
-    assert ran, "the verify points did not reach the sweep"
-    return rc, capsys.readouterr().out, cal.read_text()
-
-
-def test_the_efficiency_is_measured_against_the_rate_beside_the_steps_not_the_plans(tmp_path, monkeypatch, capsys):
-    # the plan's rate was taken under load: against it these steps would be 116% efficient
-    rc, out, written = _verify(tmp_path, monkeypatch, capsys, [PLAN_RATE, STEP_RATE, 0.9 * STEP_RATE], 0.58)
-    assert rc == 0
-    cal = json.loads(written)
-    assert cal["training_efficiency"] == pytest.approx(0.58) and cal["kept"] == 1
-    assert "2.0 GFLOP/s, the higher of the matmul rates measured before and after the steps (2.0, 1.8)" in out
-    assert cal["training_efficiency_peak"].startswith("2.0 GFLOP/s")
-
-
-@pytest.mark.parametrize("rates, efficiency, why", [
-    ([PLAN_RATE, STEP_RATE, STEP_RATE], 1.16, "the measured efficiency 116% of the peak FLOP/s is above 100%"),
-    ([PLAN_RATE, None, None], 0.5, "no point has both a predicted and a measured step time"),
-])
-def test_an_efficiency_that_is_not_a_fraction_is_never_written_and_the_command_says_why(
-        tmp_path, monkeypatch, capsys, rates, efficiency, why):
-    rc, out, written = _verify(tmp_path, monkeypatch, capsys, rates, efficiency)
-    assert rc == 0 and json.loads(written) == {"kept": 1}  # the file as it was
-    said = [line for line in out.splitlines() if line.startswith("no calibration written")]
-    assert len(said) == 1 and why in said[0], out
-    assert "measured training efficiency" not in out
-
-
-@pytest.mark.parametrize("ratio", [float("nan"), float("inf"), 0.0, -1.0, 1.2])
-def test_only_a_finite_fraction_of_the_peak_is_an_efficiency(ratio):
-    from ckptbench.cli.verify import calibrated_efficiency
-
-    efficiency, why = calibrated_efficiency(1.0, [ratio])
-    assert efficiency is None and why
-    assert calibrated_efficiency(0.5, [1.5]) == (0.75, "")
+    cal.write_text(json.dumps({"training_efficiency": 0.4, "kept": 1}))  # what an older --verify wrote
+    rc, out = _plan(capsys, "--verify", "--out", str(tmp_path / "run"), "--calibration", str(cal),
+                    "--rates-dir", str(tmp_path))
+    assert rc == 0 and ran
+    assert json.loads(cal.read_text()) == {"training_efficiency": 0.4, "kept": 1}  # read, never written
+    assert "40% in " in out and "not used, step times come from op rates" in out
+    table = out[out.index("predicted vs measured"):]
+    assert "none of these points used to predict" in table
+    errors = [x.split()[-2] for x in table.splitlines()[2:2 + len(ran)]]
+    assert errors == ["-4.8%"] * len(ran)  # 1 / 1.05 - 1
+    assert f"largest error 4.8% over {len(ran)} points" in out

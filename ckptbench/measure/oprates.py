@@ -1,0 +1,182 @@
+"""How long each operator of a traced step takes on this device: microbenchmarks, one per distinct signature.
+
+An entry of an op trace (:mod:`.optrace`) names the aten op and its arguments, each tensor by shape,
+strides and dtype.  :func:`time_entry` makes tensors laid out that way on the device (floats drawn from
+[0.5, 1.5): no NaN from a square root or a logarithm, no denormals, whose slow paths the real step does not
+take; integers 0, a valid index for any embedding or target; booleans true), calls the op once to warm it,
+then times it: trials of back-to-back calls, each long enough for the clock, the median trial's time per
+call kept, in the CPU time of the calling thread on a one-thread CPU (:func:`clock`).  A
+mutating op (``mul_``, ``lerp_``, AdamW's in-place updates) runs on the same tensors every call, as it does
+in the step.  An op that cannot be replayed from its signature (an argument that is not data: a Python
+object) gives None, and the cost model prices it from its bytes instead.
+
+Also here: the per-call time of the cheapest op the dispatcher serves (an alias, :func:`dispatch_overhead`),
+this device's copy bandwidth for an op-less estimate (:func:`memory_bandwidth`), and on CUDA the pinned
+host↔device copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
+TRIALS = 5
+LONG_S = 0.05  # an op this long is timed in three single calls after its warm-up call
+OTHER_FLOAT = 0.37  # a scalar no kernel takes a shortcut for, where the trace kept none (SPECIAL_FLOATS)
+MUTATING_REPS = 8  # back-to-back calls of an in-place op per trial at most: its values stay near 1
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_tensor(meta: list, device: str) -> torch.Tensor:
+    """A tensor with the shape, strides and dtype of a :func:`.optrace.tensor_meta`."""
+    _, shape, stride, dtype = meta
+    dt = getattr(torch, dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    if dt.is_floating_point or dt.is_complex:
+        base = torch.rand(span, dtype=dt, device=device) + 0.5
+    elif dt == torch.bool:
+        base = torch.ones(span, dtype=dt, device=device)
+    else:
+        base = torch.zeros(span, dtype=dt, device=device)
+    return base.as_strided(shape, stride)
+
+
+class NotReplayable(Exception):
+    """An argument the signature cannot rebuild."""
+
+
+def make_value(v, device: str):
+    if isinstance(v, list) and v and v[0] == "T" and len(v) == 4 and isinstance(v[1], list):
+        return make_tensor(v, device)
+    if isinstance(v, list) and v and isinstance(v[0], str):
+        tag = v[0]
+        if tag == "float":
+            return OTHER_FLOAT if v[1] == "other" else float(v[1])
+        if tag == "dtype":
+            return getattr(torch, v[1])
+        if tag == "device":
+            return torch.device(device)
+        if tag == "enum":
+            return getattr(torch, v[1])
+        if tag == "generator":
+            return None
+        raise NotReplayable(f"{tag} {v[1:]}")
+    if isinstance(v, list):
+        return [make_value(x, device) for x in v]
+    return v
+
+
+def resolve(name: str):
+    """``aten.mm.default`` -> ``torch.ops.aten.mm.default``."""
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def _is_mutating(func) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+def clock(device: str):
+    """What a trial is timed with: on a CPU running one thread, the CPU time of this thread (what the op
+    costs, whatever else the machine runs: a shared machine preempts a long call now and then, and the
+    wall clock would count the wait); with more threads, or on a GPU (synchronised), the wall clock."""
+    if device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS) -> float:
+    """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
+    back-to-back calls (at most three single calls for an op longer than :data:`LONG_S`), their median: in
+    CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
+    as the step's own ops are."""
+    now = clock(device)
+    t0 = now()
+    call()
+    _sync(device)
+    once = now() - t0
+    reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
+    per_call = []
+    for _ in range(trials if once < LONG_S else min(trials, 3)):
+        t0 = now()
+        for _ in range(reps):
+            call()
+        _sync(device)
+        per_call.append((now() - t0) / reps)
+    return statistics.median(per_call)
+
+
+def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS) -> float | None:
+    """Seconds one call of the entry's op takes here (the median of `trials`), or None when it cannot be
+    replayed."""
+    op = entry["op"]
+    if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
+        return time_copy(entry, device) if op.startswith("copy.") else None
+    try:
+        func = resolve(op)
+        _, args, kwargs = json.loads(entry["key"])
+        args, kwargs = make_value(args, device), {k: make_value(v, device) for k, v in kwargs.items()}
+        with torch.no_grad():
+            return time_call(lambda: func(*args, **kwargs), device, MUTATING_REPS if _is_mutating(func) else None,
+                             trials)
+    except (NotReplayable, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        entry.setdefault("replay_error", f"{type(exc).__name__}: {exc}"[:200])
+        return None
+
+
+def time_copy(entry: dict, device: str) -> float | None:
+    """A pinned host↔device copy of the entry's tensor (CUDA); None elsewhere: on a CPU nothing moves."""
+    if device != "cuda":
+        return None
+    _, metas, _ = json.loads(entry["key"])
+    dev = make_tensor(metas[0], "cuda").contiguous()
+    host = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
+    if entry["op"] == "copy.d2h":
+        return time_call(lambda: host.copy_(dev, non_blocking=True), device)
+    return time_call(lambda: dev.copy_(host, non_blocking=True), device)
+
+
+def dispatch_overhead(device: str = "cpu") -> float:
+    """Seconds per call of an op that does no work (an alias of a small tensor): the dispatcher's own cost."""
+    x = torch.ones(8, device=device)
+    alias = torch.ops.aten.alias.default
+    return time_call(lambda: alias(x), device)
+
+
+def memory_bandwidth(device: str = "cpu", nbytes: int = 128 * 2**20) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write), on buffers beyond the caches (a
+    copy of 64 MiB still landed in this machine's 300 MiB last-level cache now and then: 9 to 13 GB/s)."""
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / time_call(lambda: dst.copy_(src), device)
+
+
+def matmul_rate(device: str = "cpu", n: int = 4096, dtype: str = "bfloat16") -> float:
+    """FLOP/s of an n×n matmul: what an attention kernel that cannot be replayed here is priced at."""
+    a = torch.rand(n, n, device=device, dtype=getattr(torch, dtype))
+    return 2 * n**3 / time_call(lambda: a @ a, device)
+
+
+def link_bandwidth(nbytes: int = 256 * 2**20) -> float:
+    """Bytes per second of a pinned host-to-device copy (the slower direction is not known in advance:
+    both are timed, the slower kept)."""
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    d2h = time_call(lambda: host.copy_(dev, non_blocking=True), "cuda")
+    h2d = time_call(lambda: dev.copy_(host, non_blocking=True), "cuda")
+    return nbytes / max(d2h, h2d)
+
+
+def measure_entries(entries: list[dict], device: str = "cpu", threads: int | None = None) -> dict[str, float | None]:
+    """key -> seconds per call for every entry (None: not replayable), on `threads` CPU threads."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return {e["key"]: time_entry(e, device) for e in entries}

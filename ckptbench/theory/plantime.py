@@ -1,0 +1,100 @@
+"""The step time of a plan's candidates: priced from traces of few-layer steps, carried to any depth and batch.
+
+A plan asks for the step time of every strategy at its largest batch, on models up to 80 layers deep.
+Tracing each full step would cost seconds per candidate; the step's ops make that unnecessary:
+
+- **Depth.** Every decoder layer runs the same ops, and every checkpointed layer recomputes the same
+  ones, so a step's time is affine in the layer count L and the checkpointed layers c:
+  ``T(L, c) = T(1, 0) + (L − 1)·(T(2, 0) − T(1, 0)) + c·(T(1, 1) − T(1, 0))``, where ``T(1, 1)`` is one
+  checkpointed layer with the candidate's offload.  Models of up to :data:`DIRECT_LAYERS` layers are
+  priced whole.
+- **Batch** (datasheet pricing only).  At a fixed sequence length every call's FLOPs and bytes are affine
+  in the batch (each tensor has a batch dimension or none), so the calls of the step at batch 2 and 3,
+  matched one to one, give every call's FLOPs and bytes at any batch; each is priced as
+  :func:`.steptime.entry_seconds` prices it.  (Batch 1 runs two cheap ops fewer, an ``expand`` and a
+  ``clone`` of one layer's keys, that torch skips for a single sequence: priced from 2 and 3, it keeps
+  them.)  Measured rates are per shape and need the real batch's trace.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from ..spec import Case
+from .steptime import Rates, datasheet_rates, entry_seconds
+
+DIRECT_LAYERS = 2
+
+
+def variants(case: Case) -> list[tuple[Case, int]]:
+    """The few-layer Cases whose step times, so weighted, sum to `case`'s (itself when it is shallow)."""
+    spec, layers, c = case.model, case.model.layers, len(case.checkpointed_layers)
+    if layers <= DIRECT_LAYERS:
+        return [(case, 1)]
+    one = replace(case, model=replace(spec, layers=1), every_n_layers=0, offload=False)
+    two = replace(one, model=replace(spec, layers=2))
+    out = [(one, 2 - layers - c), (two, layers - 1)]
+    if c:
+        out.append((replace(one, every_n_layers=1, offload=case.offload), c))
+    return out
+
+
+def depth_extrapolated(case: Case, price) -> float:
+    """`case`'s step time from `price` (seconds of a shallow Case) of :func:`variants`."""
+    return sum(weight * price(v) for v, weight in variants(case))
+
+
+@functools.lru_cache(maxsize=256)
+def _recorded(case: Case) -> tuple[dict, tuple]:
+    from .optrace import record_case
+
+    recorder = record_case(case, sequence=True)
+    return recorder.entries, tuple(recorder.calls)
+
+
+def _affine_calls(case: Case) -> list[dict] | None:
+    """Every call of `case`'s step with its FLOPs and bytes at its batch, from the steps at batch 2 and 3;
+    None when the two do not run the same ops in the same order."""
+    e1, calls1 = _recorded(replace(case, batch_size=2))
+    e2, calls2 = _recorded(replace(case, batch_size=3))
+    if len(calls1) != len(calls2) or any(e1[a]["op"] != e2[b]["op"] for a, b in zip(calls1, calls2)):
+        return None
+    b = case.batch_size - 2
+    return [{"key": None, "kind": e1[x]["kind"], "flops": e1[x]["flops"] + b * (e2[y]["flops"] - e1[x]["flops"]),
+             "bytes": e1[x]["bytes"] + b * (e2[y]["bytes"] - e1[x]["bytes"])} for x, y in zip(calls1, calls2)]
+
+
+def priced(case: Case, rates: Rates) -> float:
+    """Seconds of a shallow `case`'s step at `rates` (no timed entries: every call modelled)."""
+    calls = _affine_calls(case)
+    if calls is None:
+        entries, order = _recorded(case)
+        calls = [entries[k] for k in order]
+    return sum(entry_seconds(c, rates)[0] for c in calls)
+
+
+class DatasheetTimer:
+    """A plan's step times on a card that is not here: every op at the datasheet's rates (a measured matmul
+    rate and link bandwidth replace the datasheet's where a calibration gives them)."""
+
+    def __init__(self, device_name: str | None, link_bytes_per_s: float | None = None,
+                 matmul_flops_per_s: float | None = None):
+        self.device_name, self.link, self.matmul = device_name, link_bytes_per_s, matmul_flops_per_s
+        self.source = "unknown: the card is not in the datasheet tables"
+
+    def rates(self, case: Case) -> Rates | None:
+        rates = datasheet_rates(self.device_name, case.compute_dtype, self.link, self.matmul)
+        if rates is not None:
+            self.source = rates.source
+        return rates
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one timer per plan: the cache dies with it)
+    def price(self, case: Case) -> float | None:
+        rates = self.rates(case)
+        return None if rates is None else priced(case, rates)
+
+    def __call__(self, case: Case) -> float | None:
+        if self.rates(case) is None:
+            return None
+        return depth_extrapolated(case, self.price)

@@ -1,0 +1,126 @@
+"""The step-time model's arithmetic: a trace priced at a rate table, carried to depth, and judged as a prediction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.theory.checks import Check, step_time_check, verdict
+from ckptbench.theory.plantime import DatasheetTimer, depth_extrapolated, variants
+from ckptbench.theory.steptime import Rates, datasheet_rates, entry_seconds, step_cost
+
+
+def _entry(key: str, kind: str, counts: dict, flops: int = 0, nbytes: int = 0) -> dict:
+    return {"key": key, "op": f"aten.{key}.default", "kind": kind, "flops": flops, "bytes": nbytes,
+            "counts": {"forward": 0, "backward": 0, "recompute": 0, "optimizer": 0, **counts}}
+
+
+ENTRIES = [
+    _entry("mm", "matmul", {"forward": 3, "backward": 2}, flops=10**9, nbytes=10**6),  # timed: 2 ms a call
+    _entry("view", "view", {"forward": 10}),  # an alias: the dispatcher's 1 us
+    _entry("add", "memory", {"backward": 4}, nbytes=2 * 10**6),  # not timed: 2 MB at 1 GB/s + 1 us
+    _entry("copy", "copy", {"forward": 1}, nbytes=10**6),  # on a CPU nothing moves
+    _entry("mul", "memory", {"forward": 2}, nbytes=3 * 10**6),  # timed hot at 0.1 ms; from memory 3 ms
+]
+FIXED = Rates("cpu", "a fixed table", per_call_s={"mm": 2e-3, "mul": 1e-4}, dispatch_s=1e-6,
+              framework_s_per_op=5e-6, bandwidth_bytes_per_s=1e9)
+
+
+def test_a_trace_priced_at_a_fixed_rate_table_sums_by_hand():
+    cost = step_cost(ENTRIES, FIXED)
+    kernel = 5 * 2e-3 + 10 * 1e-6 + 4 * (2e6 / 1e9 + 1e-6) + 0.0 + 2 * 3e6 / 1e9
+    framework = (5 + 10 + 4 + 2) * 5e-6  # every dispatched op; the copy is not one
+    assert cost.kernel_s == pytest.approx(kernel) and cost.framework_s == pytest.approx(framework)
+    assert cost.seconds == pytest.approx(0.024119)
+    assert (cost.ops, cost.distinct, cost.modelled) == (21, 5, 1)
+    assert cost.by_kind["matmul"] == pytest.approx(10e-3) and cost.by_kind["copy"] == 0.0
+    assert cost.by_phase["backward"] == pytest.approx(2 * 2e-3 + 4 * (2.001e-3) + 6 * 5e-6)
+
+
+def test_a_gpu_step_is_the_longer_of_its_kernels_and_its_host_and_copies_cross_the_link():
+    gpu = replace(FIXED, device="cuda", host_bound=True, link_bytes_per_s=1e9, launch_s=4e-6)
+    assert entry_seconds(ENTRIES[3], gpu) == (pytest.approx(1e-3), True)
+    cost = step_cost(ENTRIES, gpu)
+    assert cost.seconds == pytest.approx(max(cost.kernel_s, cost.framework_s)) == pytest.approx(0.025014)
+    tiny = _entry("relu", "memory", {"forward": 1}, nbytes=8)
+    assert entry_seconds(tiny, gpu)[0] == pytest.approx(4e-6 + 1e-6)  # never under a launch
+
+
+def test_datasheet_rates_name_the_card_and_say_they_are_a_bound():
+    rates = datasheet_rates("NVIDIA H100 80GB HBM3", "bf16")
+    assert rates.matmul_flops_per_s == 989e12 and rates.bandwidth_bytes_per_s == 3.35e12
+    assert rates.source.startswith("datasheet rates of the NVIDIA H100") and "lower bound" in rates.source
+    calibrated = datasheet_rates("NVIDIA H100 80GB HBM3", "bf16", matmul_flops_per_s=600e12)
+    assert "calibrated matmul rate" in calibrated.source
+    assert datasheet_rates("a card nobody knows", "bf16") is None
+    mm = _entry("mm", "matmul", {}, flops=989 * 10**9, nbytes=10**6)
+    assert entry_seconds(mm, rates)[0] == pytest.approx(1e-3)  # FLOPs at the peak outlast the bytes
+
+
+def test_depth_is_carried_from_one_and_two_layers_exactly_for_an_affine_price():
+    deep = Case(model=preset("llama-8b"), train=TrainSpec(), batch_size=2, seq_len=128, every_n_layers=3)
+    layers, checkpointed = 32, len(deep.checkpointed_layers)
+    assert checkpointed == 11 and sum(w for _, w in variants(deep)) == 1
+
+    def price(c: Case) -> float:
+        return 7.0 + 3.0 * c.model.layers + 0.5 * len(c.checkpointed_layers)
+
+    assert depth_extrapolated(deep, price) == pytest.approx(price(deep))
+    shallow = replace(deep, model=preset("llama-tiny", layers=2))
+    assert variants(shallow) == [(shallow, 1)] and depth_extrapolated(shallow, price) == price(shallow)
+    assert layers == deep.model.layers
+
+
+def test_datasheet_tokens_per_second_grow_with_the_batch():
+    """A launch floor and per-step work (the optimizer) are paid once a step: tokens/s depends on the batch."""
+    timer = DatasheetTimer("NVIDIA H100 80GB HBM3")
+    spec = preset("llama-tiny", dtype="bf16", attn="sdpa")
+    rates = [b * 256 / timer(Case(model=spec, train=TrainSpec(), batch_size=b, seq_len=256, device="cuda"))
+             for b in (1, 4, 16)]
+    assert rates[0] < rates[1] < rates[2]
+    assert "datasheet rates of the NVIDIA H100" in timer.source
+
+
+@pytest.mark.parametrize("measured, predicted, expected", [(1.05, 1.0, "agrees"), (0.91, 1.0, "agrees"),
+                                                           (1.2, 1.0, "off"), (0.8, 1.0, "off"),
+                                                           (None, 1.0, "skip"), (1.0, None, "skip")])
+def test_the_step_time_is_a_prediction_never_a_verdict(measured, predicted, expected):
+    m = {"step_time_median_s": measured, "step_time_model": {"predicted_s": predicted, "source": "a table"}}
+    check = step_time_check(m)
+    assert check.verdict == expected and check.tolerance == 0.10
+    passed = Check("peak_bytes", 1, 1, 1.0, 0.05, "pass")
+    assert verdict([passed, check], {}) == "pass"  # off or agrees, the record's verdict is the checks'
+    assert verdict([check], {}) == "unchecked"
+
+
+def test_the_rate_cache_merges_what_parallel_workers_measured(tmp_path):
+    from ckptbench.run.ratecache import RateCache
+
+    machine = {"device": "cpu", "device_name": "test", "torch": "0", "threads": 1}
+    one, two = RateCache(str(tmp_path), machine), RateCache(str(tmp_path), machine)
+    one.add({"a": 1.0})
+    two.add({"b": 2.0}, framework={"arch": {"per_op_s": 3e-6}}, figures={"dispatch_s": 1e-6})
+    again = RateCache(str(tmp_path), machine)
+    assert (again.entry("a"), again.entry("b"), again.figure("dispatch_s")) == (1.0, 2.0, 1e-6)
+    assert again.framework("arch")["per_op_s"] == 3e-6 and again.measured_at(["a", "b"], "arch")
+    other = RateCache(str(tmp_path), {**machine, "threads": 2})  # another thread count: another file
+    assert other.entry("a") is None and other.path != again.path
+    assert json.loads(open(again.path).read())["machine"] == machine
+
+
+def test_an_op_is_timed_from_its_signature_and_an_unreplayable_one_says_why():
+    import torch
+
+    from ckptbench.measure.oprates import time_entry
+    from ckptbench.measure.optrace import OpRecorder
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(64, 32) @ torch.ones(32, 16)
+    mm = next(e for e in recorder.trace() if e["op"] == "aten.mm.default")
+    assert mm["flops"] == 2 * 64 * 32 * 16 and time_entry(mm) > 0
+    odd = {**mm, "key": json.dumps(["aten.mm.default", [["object", "Thing"], ["object", "Thing"]], {}])}
+    assert time_entry(odd) is None and "NotReplayable" in odd["replay_error"]
