@@ -82,6 +82,13 @@ class _ProbeSchedule:
         self.steps: list[float] = []  # each round's median step
         self.kernels: list[float] = []  # each round's ops, timed
 
+    def __iter__(self):
+        return iter(range(self.total))
+
+    @property
+    def done(self) -> bool:
+        return False  # every step the probe plans runs: a fixed number, whatever their times
+
     def kind(self, k: int) -> str:
         return "warmup" if k < PROBE_WARMUP else "recorded" if k == PROBE_WARMUP else "timed"
 
