@@ -13,7 +13,7 @@
 # OUTDIR receives at most 12 files, none deeper than OUTDIR/run/: run/records.jsonl, run/timelines.jsonl
 # (memory timelines), run/calibration.jsonl (the speed kernel's readings), run/suite.toml,
 # run/calibration.json, run/simulated.jsonl, run/summary.json, report.html, report.checks.csv,
-# logs.tar.gz (per-point worker logs), gpu_check.log (everything printed here).
+# logs.tar.gz (per-point worker logs and the step-time model's op rates), gpu_check.log (everything printed here).
 set -uo pipefail
 
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}
@@ -79,9 +79,15 @@ step "report"
 timeout 60 "$PY" -m ckptbench report "$RUN" -o "$OUTDIR/report.html" \
     || echo "warning: the report could not be rendered; records are intact"
 
-step "pack worker logs"
-if [ -d "$RUN/work" ]; then
-    tar -czf "$OUTDIR/logs.tar.gz" -C "$RUN" work && rm -rf "$RUN/work"
+step "pack worker logs and op rates"
+# the workers' logs and the step-time model's op rates (one file per machine setting) go in one archive:
+# what the device returns is a flat folder of at most a dozen files
+packed=()
+for d in work op-rates; do
+    if [ -d "$RUN/$d" ]; then packed+=("$d"); fi
+done
+if [ "${#packed[@]}" -gt 0 ]; then
+    tar -czf "$OUTDIR/logs.tar.gz" -C "$RUN" "${packed[@]}" && (cd "$RUN" && rm -rf "${packed[@]}")
 fi
 # the finished sweep's shard locks and state are no results: the file budget above is for results
 rm -f "$RUN"/.sweep-*.json "$RUN"/.sweep-*.lock "$RUN"/.sweeps.lock
