@@ -214,7 +214,8 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
         lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
                      "--json lists each)")
     lines.append(f"recommended: {why_nothing or recommendation(options)}")
-    lines.append(f"step time: each op of the traced step priced at {a.step_time_source or 'no rates'}")
+    lines.append(f"step time: each op of the traced step priced at {a.step_time_source}" if a.step_time_source
+                 else "step time: none predicted (no setting fits)")
     lines.append("assumed: " + "; ".join(
         ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
           f"({a.sources.get('reserved_margin', 'default')})"] if a.device == "cuda" else [])

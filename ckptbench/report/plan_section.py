@@ -118,6 +118,7 @@ def plan_page(plan: dict) -> str:
         for k, o in enumerate(plan.get("rows", plan["options"])))
     sources = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>"
                       for k, v in (plan["assumptions"].get("sources") or {}).items())
+    timed = plan["assumptions"].get("step_time_source")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>Plan: {escape(str(plan.get('model')))}</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
             "td:first-child{text-align:left}.best{background:#fde0dc;font-weight:bold}</style></head><body>"
@@ -127,7 +128,7 @@ def plan_page(plan: dict) -> str:
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
             "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>"
             f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"
-            f"<p>Step time: each op of the traced step priced at "
-            f"{escape(str(plan['assumptions'].get('step_time_source') or 'no rates'))}</p><ul>{sources}</ul>"
+            + (f"<p>Step time: each op of the traced step priced at {escape(str(timed))}</p>" if timed
+               else "<p>Step time: none predicted (no setting fits).</p>") + f"<ul>{sources}</ul>"
             "<p>Predicted, not measured: <code>ckptbench plan --verify</code> or a sweep with "
             "<code>--plan</code> measures it.</p></body></html>")

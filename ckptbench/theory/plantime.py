@@ -81,12 +81,11 @@ class DatasheetTimer:
     def __init__(self, device_name: str | None, link_bytes_per_s: float | None = None,
                  matmul_flops_per_s: float | None = None):
         self.device_name, self.link, self.matmul = device_name, link_bytes_per_s, matmul_flops_per_s
-        self.source = "unknown: the card is not in the datasheet tables"
+        self.source = ""  # no step priced yet (none is where nothing fits)
 
     def rates(self, case: Case) -> Rates | None:
         rates = datasheet_rates(self.device_name, case.compute_dtype, self.link, self.matmul)
-        if rates is not None:
-            self.source = rates.source
+        self.source = rates.source if rates is not None else "unknown: the card is not in the datasheet tables"
         return rates
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one timer per plan: the cache dies with it)

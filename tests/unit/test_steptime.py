@@ -124,3 +124,19 @@ def test_an_op_is_timed_from_its_signature_and_an_unreplayable_one_says_why():
     assert mm["flops"] == 2 * 64 * 32 * 16 and time_entry(mm) > 0
     odd = {**mm, "key": json.dumps(["aten.mm.default", [["object", "Thing"], ["object", "Thing"]], {}])}
     assert time_entry(odd) is None and "NotReplayable" in odd["replay_error"]
+
+
+def test_a_plan_where_nothing_fits_says_no_step_was_priced_and_an_unknown_card_is_named(capsys):
+    """Llama-8B's full AdamW step does not fit an H100 at 8k tokens: no step is priced, and the plan says so
+    rather than blaming the card's datasheet; a card the tables lack is named as such."""
+    from ckptbench.cli import main
+
+    assert DatasheetTimer("NVIDIA H100 80GB HBM3").source == ""
+    unknown = DatasheetTimer("Imaginary Card 1")
+    spec = preset("llama-tiny", dtype="bf16", attn="sdpa")
+    assert unknown(Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=64, device="cuda")) is None
+    assert unknown.source == "unknown: the card is not in the datasheet tables"
+    assert main(["plan", "--model", "llama-8b", "--device", "h100", "--seq", "8192", "--dtype", "bf16",
+                 "--attn", "sdpa"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: nothing fits" in out and "step time: none predicted (no setting fits)" in out
