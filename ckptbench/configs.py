@@ -286,15 +286,14 @@ def build_problem(spec: ModelSpec, requested: tuple[str, ...] = ()) -> tuple[str
     keys a suite's [model] extra set: one the config class neither declares nor its model reads would be
     kept and ignored by transformers, so it is named here instead.  The key is ``extra.NAME`` for such a key
     (or one the refusal names), "" when the refusal is the config's as a whole."""
-    question = json.dumps({"spec": asdict(spec), "requested": list(requested)}, sort_keys=True)
-    answer = _BUILD_ANSWERS.get(question)
-    if answer is None:  # a command reads its suite more than once (the sweep, then its report): asked once
-        answer = _BUILD_ANSWERS[question] = _ask(["build-check", question], f"model_type {spec.family!r}",
-                                                 module="ckptbench.train.buildcheck")
+    answer = _build_answer(json.dumps({"spec": asdict(spec), "requested": list(requested)}, sort_keys=True),
+                           spec.family)
     return (answer["key"], answer["reason"]) if answer.get("reason") else None
 
 
-_BUILD_ANSWERS: dict[str, dict] = {}  # build_problem's question -> the child's answer, for this process
+@functools.cache  # a command reads its suite more than once (the sweep, then its report): asked once
+def _build_answer(question: str, family: str) -> dict:
+    return _ask(["build-check", question], f"model_type {family!r}", module="ckptbench.train.buildcheck")
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["model-class"]:
