@@ -297,7 +297,7 @@ class Case:
     sync_impl: str = "accelerate"  # local SGD averaging: accelerate's LocalSGD or torch's model averager
     data: DataSpec = DataSpec()
     setup: Setup = Setup()
-    recompute: Recompute = Recompute()  # a layer set instead of every_n_layers, a SAC policy
+    recompute: Recompute = Recompute()  # a layer set instead of every_n_layers, a SAC policy, the offload kind
 
     @property
     def id(self) -> str:
@@ -316,6 +316,8 @@ class Case:
             del fields_["data"]  # points on random tokens keep the ids they had before data had a choice
         if self.recompute == Recompute():
             del fields_["recompute"]  # every_n_layers alone: the ids points had before layer sets and SAC
+        elif not self.recompute.offload:
+            del fields_["recompute"]["offload"]  # transformers' offload: the ids layer sets and SAC had before
         canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 

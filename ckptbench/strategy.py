@@ -10,7 +10,11 @@ A :class:`Recompute` names what that rule cannot say:
 - ``sac``: selective activation checkpointing, a policy of :data:`SAC_POLICIES` handed to torch's
   non-reentrant checkpoint as ``context_fn`` (``create_selective_checkpoint_contexts``): inside each
   checkpointed layer the outputs of the named operators are kept in forward, every other operator runs
-  again in backward.  "" is plain checkpointing (everything but the layer's input is recomputed).
+  again in backward.  "" is plain checkpointing (everything but the layer's input is recomputed);
+- ``offload``: which offload runs where a Case offloads (``Case.offload``): "" is transformers' own
+  (``save_on_cpu(pin_memory=True)`` around each checkpointed layer), ``"streamed"`` the saved inputs copied
+  to pinned host memory on a side stream and prefetched one layer ahead in backward
+  (:mod:`ckptbench.train.streamed`).  It means nothing without ``Case.offload``.
 
 Nothing here imports torch (operators are named as ``str(op.overloadpacket)`` prints them), so the suite
 validator, the estimate and the names stay importable without it.
@@ -34,6 +38,8 @@ SAC_POLICIES: dict[str, tuple[str, ...]] = {
     # nothing: what plain checkpointing recomputes, through torch's selective-checkpoint machinery
     "save-nothing": (),
 }
+# the offload kinds beside transformers' own ("" in Recompute.offload)
+OFFLOAD_KINDS = ("streamed",)
 
 
 @dataclass(frozen=True)
@@ -43,14 +49,17 @@ class Recompute:
 
     layers: tuple[int, ...] = ()
     sac: str = ""
+    offload: str = ""  # "" transformers' offload (where Case.offload), or one of OFFLOAD_KINDS
 
     @classmethod
     def from_dict(cls, data: dict) -> Recompute:
-        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""))
+        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""), offload=data.get("offload", ""))
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["layers"] = list(self.layers)
+        if not self.offload:
+            del out["offload"]  # transformers' offload: the dict points had before there was a choice
         return out
 
 
@@ -78,13 +87,14 @@ def layer_set_name(layers) -> str:
 
 def checkpointing_name(every_n_layers: int, offload: bool, recompute: Recompute | None = None) -> str:
     """Short name of a checkpointing setting: none, full, every-2, layers-0,1,2,5, sac-save-matmuls,
-    every-2+sac-save-attention, full+offload ..."""
+    every-2+sac-save-attention, full+offload, full+offload-streamed ..."""
     layers, sac = (recompute.layers, recompute.sac) if recompute else ((), "")
+    kind = recompute.offload if recompute else ""
     name = ("none" if every_n_layers == 0 and not layers else layer_set_name(layers) if layers else
             "full" if every_n_layers == 1 else f"every-{every_n_layers}")
     if sac:
         name = f"sac-{sac}" if name == "full" else f"{name}+sac-{sac}"
-    return name + ("+offload" if offload else "")
+    return name + (f"+offload-{kind}" if offload and kind else "+offload" if offload else "")
 
 
 def layer_set_problem(value, depth: int) -> str:

@@ -74,7 +74,7 @@ from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are 
     compute_dtype,
 )
 from .suitesetup import setups, train_spec
-from .suitestrategy import strategies
+from .suitestrategy import offload_point, strategies
 
 
 def _source(ck: _Checker, table: dict) -> dict:
@@ -329,6 +329,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
         if (off and n == 0 and not recompute.layers) or (k > 0 and ws == 1) or (impl != "accelerate" and k == 0) or \
                 (setup.loop != "manual" and ws > 1) or (setup.sharding != "ddp" and (ws == 1 or k > 0)):
             continue
+        off, recompute = offload_point(off, recompute)  # true, false or a kind ("streamed")
         cases.append(Case(model=models[dtype], train=trains[seed], batch_size=b,
                           seq_len=s, every_n_layers=n, offload=off, local_sgd_steps=k, grad_accum=ga,
                           world_size=ws, device=device, sync_impl=impl, data=data_spec, setup=setup,

@@ -6,11 +6,17 @@
 suite that names only layer sets runs only those).  ``sac`` crosses with every strategy that checkpoints
 something ("off": plain checkpointing); a SAC policy where nothing is checkpointed means nothing and is
 left out, as offload is.
+
+``offload`` takes ``false``, ``true`` (transformers' own offload) and an offload kind of
+:data:`~ckptbench.strategy.OFFLOAD_KINDS` (``"streamed"``): :func:`offload_point` turns each value into the
+Case's ``offload`` and its Recompute's ``offload``.
 """
 
 from __future__ import annotations
 
-from .strategy import SAC_POLICIES, Recompute, layer_set_problem
+from dataclasses import replace
+
+from .strategy import OFFLOAD_KINDS, SAC_POLICIES, Recompute, layer_set_problem
 from .suitekeys import _Checker
 
 SAC_OFF = "off"
@@ -34,7 +40,11 @@ def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple
     named_n = "every_n_layers" in sweep or not sets  # only layer sets named: no every_n point beside them
     base = [(n, ()) for n in axes["every_n_layers"] if named_n] + [(0, s) for s in sets]
     checkpoints = any(n > 0 or s for n, s in base)
-    if True in axes["offload"] and not checkpoints:
+    for value in axes["offload"]:
+        if isinstance(value, str) and value not in OFFLOAD_KINDS:
+            ck.fail("sweep.offload", f"unknown offload {value!r}; known: false, true, "
+                    f"{', '.join(repr(k).replace(chr(39), chr(34)) for k in OFFLOAD_KINDS)}")
+    if any(v is True or isinstance(v, str) for v in axes["offload"]) and not checkpoints:
         ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
     if any(p != SAC_OFF for p in axes["sac"]) and not checkpoints:
         ck.fail("sweep.sac", "a SAC policy applies inside checkpointed layers: add an every_n_layers value > 0 "
@@ -46,3 +56,10 @@ def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple
                 continue
             out.append((n, Recompute(layers=layer_set, sac="" if policy == SAC_OFF else policy)))
     return out
+
+
+def offload_point(value, recompute: Recompute) -> tuple[bool, Recompute]:
+    """A value of the ``offload`` axis as a point holds it: (``Case.offload``, the Recompute with its kind)."""
+    if isinstance(value, str):
+        return True, replace(recompute, offload=value)
+    return bool(value), recompute

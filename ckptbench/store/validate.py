@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from numbers import Real
 
 from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
+from ..strategy import OFFLOAD_KINDS
 from ..trainspec import Timing
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
@@ -115,6 +116,10 @@ def _case_problem(case) -> str | None:
         return f"case.recompute.layers is {recompute.get('layers')!r}, not a list of layer indices"
     if not isinstance(recompute.get("sac", ""), str):
         return f"case.recompute.sac is {recompute['sac']!r}, not a string"
+    kind = recompute.get("offload", "")
+    if kind and (kind not in OFFLOAD_KINDS or case.get("offload") is not True):
+        return (f"case.recompute.offload is {kind!r}, not one of {', '.join(OFFLOAD_KINDS)}"
+                if kind not in OFFLOAD_KINDS else f"case.recompute.offload is {kind!r} but case.offload is not true")
     return None
 
 
