@@ -24,6 +24,7 @@ from .storage import StorageSerials
 # A pack hook is known by the qualified name of the function torch or transformers pushes.
 HOOK_KINDS = (
     ("save_on_cpu", "offload"),
+    ("StreamedOffload", "offload"),  # ckptbench.train.streamed: the streamed offload's pack
     ("_checkpoint_hook", "checkpoint"),
     ("_recomputation_hook", "recompute"),
     ("SavedTensorCounter", "default"),

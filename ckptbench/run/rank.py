@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from ..train.checkpointing import offload_as_this_build_allows
+    from ..train.checkpointing import offload_for
     from ..train.fsdp import train_rank_fsdp
     from ..train.localsgd import train_rank
 
@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(case.train.threads)
         # without a pinned allocator (a CPU-only torch) transformers' offload runs unpinned, as on one
         # process (else save_on_cpu(pin_memory=True) fails on the first checkpointed layer)
-        with offload_as_this_build_allows(case.offload) as pin_error:
+        with offload_for(case) as offload_facts:
             data = train_rank_fsdp(case) if case.setup.sharding == "fsdp" else train_rank(case, args.sync_impl)
-        data["offload_pinned"] = (pin_error is None) if case.offload else None
+        data["offload_pinned"] = offload_facts["offload_pinned"]
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, data)
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:

@@ -118,13 +118,13 @@ def _probe(case: Case, price) -> _ProbeSchedule:
     import torch
 
     from ..train.adapters import with_adapters
-    from ..train.checkpointing import decoder_layers, offload_as_this_build_allows
+    from ..train.checkpointing import decoder_layers, offload_for
     from ..train.loops import loop_for
     from ..train.models import build_model, synthetic_batch
 
     torch.manual_seed(case.train.seed)
     device = torch.device(case.device)
-    with offload_as_this_build_allows(case.offload):
+    with offload_for(case):
         model = with_adapters(build_model(case.model, device), case.setup.lora)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         loop = loop_for(case, model, batch)

@@ -26,7 +26,7 @@ from ..spec import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
 from ..train.adapters import adapter_facts, base_parameter_count, with_adapters
-from ..train.checkpointing import decoder_layers, offload_as_this_build_allows
+from ..train.checkpointing import decoder_layers, offload_for
 from ..train.environment import torch_environment
 from ..train.loops import loop_for, memory_step
 from ..train.models import build_model, dropout_values, synthetic_batch
@@ -162,10 +162,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     if fault is not None and fault.kind not in ("slow", "slower"):
         inject(fault)
 
-    with offload_as_this_build_allows(case.offload) as pin_error:
-        offload_pinned = (pin_error is None) if case.offload else None
-        offload_note = (f"this torch build has no pinned allocator ({pin_error}); transformers' offload ran with "
-                        "pin_memory=False") if pin_error else ""
+    with offload_for(case) as offload_facts:  # offload_kind, offload_pinned, offload_moved, offload_note
         try:
             model = build_model(case.model, device)
         except (AssertionError, NotImplementedError, ValueError) as exc:  # a config this model type refuses
@@ -227,8 +224,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "spawn_s": (t_enter - t_submit) if t_submit else None,
         "setup_s": (t_ready - t_submit) if t_submit else None,
         "model_build_s": t_ready - t_enter,
-        "offload_pinned": offload_pinned,
-        "offload_note": offload_note,
+        **offload_facts,
         "n_params": base_parameter_count(model),  # the model's own, as its config gives them: adapters apart
         **adapter_facts(model),  # trainable_params; with adapters, peft's resolved targets
         # every key the model was built with, defaults included, through transformers' own serialiser

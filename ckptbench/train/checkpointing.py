@@ -127,3 +127,29 @@ def offload_as_this_build_allows(offload: bool):
         return
     with offload_without_pinning():
         yield error
+
+
+@contextmanager
+def offload_for(case):
+    """Run the offload a point asks for, and yield what its record states of it: ``offload_kind``
+    (``"transformers"``, ``"streamed"``; None without offload), ``offload_pinned`` (host buffers pinned),
+    ``offload_moved`` (saved tensors left the device's memory: only on CUDA; on a CPU the host is the
+    device) and ``offload_note``.  Transformers' offload runs as this build allows
+    (:func:`offload_as_this_build_allows`); the streamed one through :mod:`.streamed`."""
+    if not case.offload:
+        yield {"offload_kind": None, "offload_pinned": None, "offload_moved": None, "offload_note": ""}
+        return
+    if case.recompute.offload == "streamed":
+        from .streamed import streamed_offload
+
+        with streamed_offload(case.device) as hooks:
+            yield {"offload_kind": "streamed", "offload_pinned": hooks.streams, "offload_moved": hooks.streams,
+                   "offload_note": "" if hooks.streams else (
+                       "no CUDA device: streamed offload has no side stream here and keeps each saved tensor "
+                       "where it is (a CPU's host memory is its device memory); nothing moved")}
+        return
+    with offload_as_this_build_allows(True) as pin_error:
+        yield {"offload_kind": "transformers", "offload_pinned": pin_error is None,
+               "offload_moved": case.device == "cuda",
+               "offload_note": (f"this torch build has no pinned allocator ({pin_error}); transformers' offload "
+                                "ran with pin_memory=False") if pin_error else ""}
