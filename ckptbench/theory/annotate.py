@@ -10,11 +10,13 @@ from .checks import (
     Check,
     Tolerances,
     attention_implementation_check,
+    blind_spot,
     check,
     comm_checks,
     config_checks,
     gates,
     judge,
+    offload_kind_check,
     same_layers,
     step_time_check,
     verdict,
@@ -87,7 +89,7 @@ def annotate_record(case: Case, record: dict) -> None:
         checks = check(case, m, est_obj)
     if case.world_size == 1:
         checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout),
-                  step_time_check(m)]
+                  step_time_check(m), *([offload_kind_check(case, m)] if case.offload else [])]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = gates(m)
     if case.world_size == 1:
@@ -99,3 +101,6 @@ def annotate_record(case: Case, record: dict) -> None:
     record["verdict"] = verdict(checks, record["gates"])
     if record.get("estimate_source") == "none" and record["verdict"] == "pass":
         record["verdict"] = "unchecked"  # the rules held, but nothing predicted the memory: never a pass
+    blind = blind_spot(case, checks)
+    if blind and record["verdict"] == "pass":
+        record["verdict"], record["unchecked_reason"] = "unchecked", blind  # a probe that cannot see: never a pass

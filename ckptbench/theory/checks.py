@@ -303,6 +303,27 @@ def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
     return Check("step_time_s", measured, predicted, ratio, tol, PREDICTION_VERDICTS[abs(ratio - 1) > tol], note)
 
 
+def offload_kind_check(case: Case, m: dict) -> Check:
+    """Which offload the step ran (the record's ``offload_kind``) against the one its point asks for:
+    the probes see a kind's tensors only through its pack hook, so a record that does not say which hooks
+    ran is ``skip`` here, and a point with a kind beyond transformers' is then unchecked (``blind_spot``)."""
+    expected = (case.recompute.offload or "transformers") if case.offload else None
+    if "offload_kind" not in m:
+        return Check("offload_kind", None, expected, None, 0.0, "skip", "the record does not say which offload ran")
+    ok = m["offload_kind"] == expected
+    return Check("offload_kind", m["offload_kind"], expected, 1.0 if ok else 0.0, 0.0, "pass" if ok else "fail", None)
+
+
+def blind_spot(case: Case, checks: list[Check]) -> str:
+    """Why the probes cannot vouch for this point's memory ("" when they can): a streamed offload whose
+    record does not say its hooks ran (:func:`offload_kind_check`)."""
+    if case.offload and case.recompute.offload and any(
+            c.quantity == "offload_kind" and c.verdict == "skip" for c in checks):
+        return (f"offload {case.recompute.offload!r}: the record does not say its hooks ran, so the probes may "
+                "not have seen its tensors")
+    return ""
+
+
 def gates(m: dict) -> dict[str, int]:
     """Conditions that make a measurement worthless whatever it says (not predictions): steps whose loss
     was NaN or inf.  A failed gate fails the record; a passed one proves nothing about the estimate."""

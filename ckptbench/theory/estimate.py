@@ -83,7 +83,7 @@ def gradient_bytes(spec: ModelSpec, autocast: str = "") -> int:
 
 def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              grad_accum: int = 1, device: str = "cpu", autocast: str = "", optimizer: str = "adamw",
-             layers: tuple[int, ...] = ()) -> Estimate:
+             layers: tuple[int, ...] = (), streamed: bool = False) -> Estimate:
     """Memory of one training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
@@ -106,6 +106,13 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     ``layers`` (a layer set, :class:`~ckptbench.strategy.Recompute`) names the checkpointed layers instead
     of ``every_n_layers``: the walk asks only which layers are checkpointed, never how they were chosen.
+
+    ``streamed`` (``+offload-streamed``, :mod:`ckptbench.train.streamed`) on CUDA: the forward holds what
+    transformers' offload holds (a layer's input stays on the device until its copy is done, and it was
+    alive through the layer's call anyway); in backward, from the last checkpointed layer down to the one
+    above the first, the next checkpointed layer's input is prefetched: one more checkpointed input in each
+    of those layers' moments.  Unverified on hardware until the GPU suite measures it.  On a CPU nothing
+    moves and the estimate is transformers' offload's.
 
     ``autocast="bf16"`` (bf16-mixed, Llama and Qwen2 on a CPU): the forward and loss run under
     ``torch.autocast`` over fp32 weights.  Params, grads and AdamW state stay fp32; what the layers and the
@@ -193,6 +200,8 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         if checkpointed and moved:
             kept = 0  # it lives on the host; the unpack brings it back for the recompute
             start += ckpt_input
+        if streamed and moved and ckpt[0] < idx <= ckpt[-1]:
+            start += ckpt_input  # the checkpointed layer below's input, prefetched (streamed offload)
         grad_in, deltas = layer_forms[checkpointed]
         moments.append((f"backward-layer-{idx}", "boundary", start + grad_in, g))
         for delta, layer_grads in deltas:
@@ -232,7 +241,8 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 def estimate_case(case: Case) -> Estimate:
     """The estimate for a sweep point."""
     return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                    case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer, case.recompute.layers)
+                    case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer, case.recompute.layers,
+                    streamed=case.offload and case.recompute.offload == "streamed")
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:

@@ -162,7 +162,9 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
     total when the layer's forward ends and comes back when backward reaches the layer, so the peak is
-    the device's at whichever moment it happens.  On a CPU the host is the device: nothing moves.
+    the device's at whichever moment it happens.  Streamed offload (``recompute.offload == "streamed"``)
+    also brings the checkpointed layer below's input back when backward reaches a layer above it (the
+    prefetch of :mod:`ckptbench.train.streamed`).  On a CPU the host is the device: nothing moves.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -176,6 +178,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     layers = decoder_layers(model)
     ckpt_idx = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
     moves = offload and device == "cuda"
+    prefetch = moves and bool(ckpt_idx) and recompute is not None and recompute.offload == "streamed"
 
     # layer -> (storage key, bytes) of its input: keys, not tensors, so the simulation itself keeps
     # nothing alive that the real step would have freed
@@ -201,6 +204,9 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         layer = int(phase.rsplit("-", 1)[1]) if phase.startswith("backward-layer-") else None
         if moves and layer in ckpt_inputs:
             tr.to_device(ckpt_inputs[layer][0])
+        if prefetch and layer is not None and ckpt_idx[0] < layer <= ckpt_idx[-1]:
+            below = max(i for i in ckpt_idx if i < layer)  # streamed offload's prefetch of the next group
+            tr.to_device(ckpt_inputs[below][0])
 
     def moment(name):
         def hook(*_):
