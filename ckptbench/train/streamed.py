@@ -63,7 +63,8 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         self.pending: dict[int, list[_Packed]] = {}  # group -> entries not yet unpacked
         self.stash: list[tuple[torch.Tensor, object]] = []  # (device tensor, copy event): forward, this group
         self.fetched: dict[int, torch.Tensor] = {}  # id(_Packed) -> device tensor brought back ahead of use
-        self.copies = {"d2h": 0, "h2d": 0, "prefetched": 0}  # counts of copies issued (the GPU test reads them)
+        # tensors packed, copies issued each way, groups prefetched: what the tests read of a step
+        self.counts = {"packed": 0, "d2h": 0, "h2d": 0, "prefetched": 0}
         super().__init__(self.pack, self.unpack)
 
     def __call__(self, *args, **kwargs) -> StreamedOffload:
@@ -87,6 +88,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
             self.stash.clear()
 
     def pack(self, tensor: torch.Tensor) -> _Packed:
+        self.counts["packed"] += 1
         if not (self.streams and tensor.is_cuda):
             packed = _Packed(tensor.cpu(), tensor.device, self.group)  # a CPU tensor is kept as it is
         else:
@@ -96,7 +98,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
                 host.copy_(tensor, non_blocking=True)
                 event = self.side.record_event()
             self.stash.append((tensor, event))
-            self.copies["d2h"] += 1
+            self.counts["d2h"] += 1
             packed = _Packed(host, tensor.device, self.group)
         self.pending.setdefault(self.group, []).append(packed)
         return packed
@@ -128,7 +130,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         with torch.cuda.stream(self.side):
             tensor = packed.host.to(packed.device, non_blocking=True)
             packed.event = self.side.record_event()
-        self.copies["h2d"] += 1
+        self.counts["h2d"] += 1
         return tensor
 
     def _bring(self, group: int, entries: list[_Packed]) -> None:
@@ -141,7 +143,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         if group < 0 or not entries or all(id(e) in self.fetched for e in entries):
             return
         self._bring(group, entries)
-        self.copies["prefetched"] += 1
+        self.counts["prefetched"] += 1
 
 
 @contextmanager
