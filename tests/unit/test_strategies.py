@@ -100,19 +100,21 @@ def test_estimate_takes_a_layer_set(capsys):
 
 
 def test_the_gpu_strategies_suite_sets_each_strategy_beside_none_at_each_length():
-    """suites/strategies-gpu.toml, the device check's strategy suite: every strategy, with and without
-    offload, at both lengths, on CUDA; the points its header counts, each planned to fit the card."""
+    """suites/strategies-gpu.toml, the device check's strategy suite: every strategy, without offload, with
+    transformers' and with streamed offload, at both lengths, on CUDA; the points its header counts, each
+    planned to fit the card."""
     from ckptbench.suite import load_suite
     from ckptbench.theory.estimate import estimate_case
 
     suite = load_suite("suites/strategies-gpu.toml")
-    assert len(suite.cases) == 38 and {c.device for c in suite.cases} == {"cuda"}
+    assert len(suite.cases) == 56 and {c.device for c in suite.cases} == {"cuda"}
     by_seq: dict[int, set[str]] = {}
     for c in suite.cases:
         by_seq.setdefault(c.seq_len, set()).add(c.strategy)
     assert set(by_seq) == {4096, 8192} and by_seq[4096] == by_seq[8192]
     names = by_seq[8192]
     assert "none" in names and "full+offload" in names and "layers-0…7+sac-save-matmuls+offload" in names
+    assert {"full+offload-streamed", "every-4+offload-streamed", "layers-0…7+sac-save-attention+offload-streamed"} <= names
     assert {n.split("+")[0] for n in names} >= {"none", "every-4", "full", "layers-0…7", "sac-save-attention"}
     biggest = max((c for c in suite.cases if c.recompute.sac == ""), key=lambda c: estimate_case(c).peak_bytes)
     assert biggest.strategy == "none" and estimate_case(biggest).peak_bytes < 33 * 2**30  # "32.0 GiB"
