@@ -236,7 +236,8 @@ def _variant(model, precision, attn, dropout, loop, world, k, accum) -> str:
 
 
 def strategy_order(name: str) -> tuple:
-    """none, every-n (larger n first, i.e. less checkpointing), full; then the same with offload."""
+    """none, every-n (larger n first, i.e. less checkpointing), full; then the same with offload, then
+    with streamed offload."""
     base, _, extra = name.partition("+")
     if base == "none":
         rank = 0.0
@@ -246,7 +247,8 @@ def strategy_order(name: str) -> tuple:
         rank = 1.0 / int(base[6:])
     else:
         rank = 2.0
-    return ("offload" in extra.split("+"), rank, name)
+    parts = extra.split("+")
+    return (2 if "offload-streamed" in parts else 1 if "offload" in parts else 0, rank, name)
 
 
 def strategies(t: pd.DataFrame) -> list[str]:

@@ -19,6 +19,13 @@ def twin_key(case: dict, *differing: str) -> str:
     return json.dumps({k: v for k, v in case.items() if k not in differing}, sort_keys=True)
 
 
+def _offload_twin_key(case: dict) -> str:
+    """:func:`twin_key` without offload, its kind (``recompute.offload``) too: a streamed point's twin is
+    the same point without offload, as transformers' offload's is."""
+    recompute = {k: v for k, v in (case.get("recompute") or {}).items() if k != "offload"}
+    return twin_key({**case, "recompute": recompute}, "offload")
+
+
 def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]:
     """One row per successful offloaded point that has a successful twin without offload.
 
@@ -28,14 +35,14 @@ def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]
     """
     bandwidth = bandwidth or {}
     latest = latest_per_case(records)
-    plain = {twin_key(r["case"], "offload"): r for r in latest
+    plain = {_offload_twin_key(r["case"]): r for r in latest
              if r.get("status") == "ok" and not r["case"].get("offload")}
     rows = []
     for r in latest:
         case = r["case"]
         if r.get("status") != "ok" or not case.get("offload"):
             continue
-        twin = plain.get(twin_key(case, "offload"))
+        twin = plain.get(_offload_twin_key(case))
         m = r.get("measurement") or {}
         t_off = m.get("step_time_median_s")
         t_base = (twin.get("measurement") or {}).get("step_time_median_s") if twin else None
@@ -48,6 +55,7 @@ def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]
             "case_id": r["case_id"],
             "twin_case_id": twin["case_id"] if twin else None,
             "strategy": r.get("strategy"),
+            "offload_kind": (case.get("recompute") or {}).get("offload") or "transformers",
             "batch_size": case.get("batch_size"),
             "seq_len": case.get("seq_len"),
             "offloaded_bytes": offloaded,

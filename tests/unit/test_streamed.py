@@ -113,3 +113,21 @@ def test_a_record_that_does_not_say_which_offload_ran_is_not_vouched_for():
     assert blind_spot(case, [said]) == "" and "does not say its hooks ran" in blind_spot(case, [silent])
     plain = cases("every_n_layers = [1]\noffload = [true]")[0]
     assert blind_spot(plain, [offload_kind_check(plain, {})]) == ""  # transformers' hooks are known by name
+
+
+def test_reports_order_streamed_offload_last_and_pair_it_with_its_twin_without_offload():
+    from ckptbench.report.columns import strategy_order
+    from ckptbench.report.gpu_summary import offload_overheads
+
+    names = ["full+offload-streamed", "full+offload", "none", "every-2+offload-streamed", "full"]
+    assert sorted(names, key=strategy_order) == ["none", "full", "full+offload", "every-2+offload-streamed",
+                                                 "full+offload-streamed"]
+    plain, moved, streamed = (cases('every_n_layers = [1]\noffload = [false, true, "streamed"]'))
+    records = [{"case_id": c.id, "case": c.to_dict(), "status": "ok", "strategy": c.strategy,
+                "measurement": {"step_time_median_s": t, "offloaded_bytes": 1024}}
+               for c, t in ((plain, 1.0), (moved, 1.5), (streamed, 1.25))]
+    rows = {r["strategy"]: r for r in offload_overheads(records, None)}
+    assert {r["twin_case_id"] for r in rows.values()} == {plain.id}
+    assert rows["full+offload-streamed"]["overhead_s"] == 0.25 and rows["full+offload"]["overhead_s"] == 0.5
+    assert (rows["full+offload-streamed"]["offload_kind"], rows["full+offload"]["offload_kind"]) == \
+        ("streamed", "transformers")
