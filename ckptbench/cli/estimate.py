@@ -28,6 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"selective activation checkpointing inside the checkpointed layers: {', '.join(SAC_POLICIES)} "
                         "(estimated by the simulated step)")
     p.add_argument("--offload", action="store_true", help="checkpointed inputs go to host memory")
+    p.add_argument("--offload-streamed", action="store_true",
+                   help="streamed offload: on a side stream, the layer below prefetched in backward (implies --offload)")
     add_precision_flags(p)
     p.add_argument("--attn", choices=ATTENTIONS, default=None,
                    help="default: what transformers builds without being told (sdpa where the model has it; "
@@ -72,7 +74,7 @@ def render_table(e: est_mod.Estimate, sim: dict | None = None) -> str:
     which = (f"every_n_layers={e.every_n_layers}" if e.every_n_layers or not e.checkpointed_layers else
              f"layers={','.join(map(str, e.checkpointed_layers))}")
     head = (f"{e.model}  {precision} {e.attn}  b={e.batch} s={e.seq}  {which}"
-            f"{' offload' if e.offload else ''}  params={e.n_params:,}")
+            f"{' offload' if e.offload else ''}{'-' + e.offload_kind if e.offload_kind else ''}  params={e.n_params:,}")
     lines = [head, ""]
     if sim is None:
         lines.append(f"{'quantity':52s} {'GiB':>10s} {'bytes':>16s}")
@@ -116,12 +118,19 @@ def case_from_args(args: argparse.Namespace):
         f'[suite]\ndevice = "{getattr(args, "device", "cuda")}"', "[model]", *model,
         "[train]", *train_lines(args), "[sweep]",
         f"batch_size = [{args.batch}]", f"seq_len = [{args.seq}]", *_strategy_lines(args),
-        f"offload = [{'true' if args.offload else 'false'}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
+        f"offload = [{_offload_value(args)}]", f"grad_accum = [{getattr(args, 'grad_accum', 1)}]",
     ])
     try:
         return parse_suite(text, "estimate").cases[0]
     except SuiteError as exc:
         raise UsageError(f"{FLAGS.get(exc.key, exc.key)}: {exc.reason}") from None
+
+
+def _offload_value(args: argparse.Namespace) -> str:
+    """``--offload`` / ``--offload-streamed`` as the suite's ``offload`` value."""
+    if getattr(args, "offload_streamed", False):
+        return '"streamed"'
+    return "true" if args.offload else "false"
 
 
 def _strategy_lines(args: argparse.Namespace) -> list[str]:

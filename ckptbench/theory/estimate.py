@@ -57,6 +57,7 @@ class Estimate:
     head_terms: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)  # phase -> {params, grads, optimizer, activations, total}
     autocast: str = ""  # "bf16": bf16-mixed, autocast over the fp32 weights `dtype` names
+    offload_kind: str = ""  # "streamed": streamed offload's estimate (else transformers' offload, or none)
     # every moment the walk visits, in step order: (phase, kind, activations, grads); kind is forward,
     # head, boundary (a layer's backward about to start: what is kept below it plus the gradient flowing
     # in), layer, embedding or optimizer.  What :mod:`.fsdp` composes a rank's step from (not in to_dict)
@@ -234,6 +235,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
         peak_breakdown={k: v for k, v in parts[peak_phase].items() if k != "total"},
         host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts, autocast=autocast,
+        offload_kind="streamed" if streamed and offload else "",
         moments=tuple(moments),
     )
 

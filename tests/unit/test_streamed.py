@@ -101,7 +101,23 @@ def test_on_cuda_the_estimate_holds_one_prefetched_input_where_the_simulated_ste
 def test_on_a_cpu_the_estimate_is_transformers_offloads():
     plain, streamed = (Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=256,
                             every_n_layers=2, offload=True, recompute=r) for r in (Recompute(), Recompute(offload="streamed")))
-    assert estimate_case(plain).to_dict() == estimate_case(streamed).to_dict()
+    assert estimate_case(plain).to_dict() == {**estimate_case(streamed).to_dict(), "offload_kind": ""}
+    assert estimate_case(streamed).offload_kind == "streamed"
+
+
+def test_estimate_takes_streamed_offload(capsys):
+    from ckptbench.cli import estimate as cli
+
+    argv = ["estimate", "--model", "llama-tiny", "--batch", "1", "--seq", "512", "--every-n-layers", "2",
+            "--device", "cuda", "--dtype", "fp32", "--attn", "eager"]
+    assert cli.main([*argv, "--offload"]) == 0
+    plain = capsys.readouterr().out
+    assert cli.main([*argv, "--offload-streamed"]) == 0
+    streamed = capsys.readouterr().out
+    assert "every_n_layers=2 offload-streamed" in streamed and "every_n_layers=2 offload " in plain
+    peak = {name: int(next(line for line in out.splitlines() if line.startswith("peak (device)")).split()[-1]
+                      .replace(",", "")) for name, out in (("plain", plain), ("streamed", streamed))}
+    assert peak["streamed"] - peak["plain"] == 512 * 64 * 4  # the prefetched input of layer 0
 
 
 def test_a_record_that_does_not_say_which_offload_ran_is_not_vouched_for():
