@@ -135,11 +135,11 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
 
     def _bring(self, group: int, entries: list[_Packed]) -> None:
         for entry in entries:
-            if id(entry) not in self.fetched:
+            if entry.device.type == "cuda" and id(entry) not in self.fetched:  # a CPU tensor never left
                 self.fetched[id(entry)] = self._copy_in(entry)
 
     def _prefetch(self, group: int) -> None:
-        entries = self.pending.get(group)
+        entries = [e for e in self.pending.get(group, ()) if e.device.type == "cuda"]
         if group < 0 or not entries or all(id(e) in self.fetched for e in entries):
             return
         self._bring(group, entries)

@@ -94,8 +94,9 @@ def test_on_cuda_streamed_offload_copies_to_pinned_memory_on_its_side_stream_and
         pytest.skip("needs a CUDA device")
     from ckptbench.train.streamed import streamed_offload
 
-    case = Case(model=preset("llama-tiny", dtype="bf16", attn="sdpa"), train=TrainSpec(), batch_size=2,
-                seq_len=256, every_n_layers=1, device="cuda")
+    # fp32 eager: kernels that give the same bits run to run, so the gradients can be compared exactly
+    case = Case(model=preset("llama-tiny", attn="eager"), train=TrainSpec(), batch_size=2, seq_len=256,
+                every_n_layers=1, device="cuda")
     expected, _ = grads(case)
     torch.manual_seed(0)
     model = build_model(case.model, torch.device("cuda"))
