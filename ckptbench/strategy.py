@@ -10,7 +10,11 @@ A :class:`Recompute` names what that rule cannot say:
 - ``sac``: selective activation checkpointing, a policy of :data:`SAC_POLICIES` handed to torch's
   non-reentrant checkpoint as ``context_fn`` (``create_selective_checkpoint_contexts``): inside each
   checkpointed layer the outputs of the named operators are kept in forward, every other operator runs
-  again in backward.  "" is plain checkpointing (everything but the layer's input is recomputed).
+  again in backward.  "" is plain checkpointing (everything but the layer's input is recomputed);
+- ``compile_budget``: ``torch.compile`` of the whole model (inductor), with torch's
+  ``_functorch.config.activation_memory_budget`` at this value (0: recompute all the partitioner can,
+  1: save what its default saves).  The partitioner, not transformers, decides what backward runs again,
+  so such a point checkpoints nothing through transformers (every_n_layers 0, no layer set, no SAC).
 
 Nothing here imports torch (operators are named as ``str(op.overloadpacket)`` prints them), so the suite
 validator, the estimate and the names stay importable without it.
@@ -43,14 +47,19 @@ class Recompute:
 
     layers: tuple[int, ...] = ()
     sac: str = ""
+    compile_budget: float | None = None  # torch.compile's activation memory budget; None: eager
 
     @classmethod
     def from_dict(cls, data: dict) -> Recompute:
-        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""))
+        budget = data.get("compile_budget")
+        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""),
+                   compile_budget=None if budget is None else float(budget))
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["layers"] = list(self.layers)
+        if self.compile_budget is None:
+            del out["compile_budget"]  # eager points keep the ids they had before compile budgets
         return out
 
 
@@ -78,7 +87,9 @@ def layer_set_name(layers) -> str:
 
 def checkpointing_name(every_n_layers: int, offload: bool, recompute: Recompute | None = None) -> str:
     """Short name of a checkpointing setting: none, full, every-2, layers-0,1,2,5, sac-save-matmuls,
-    every-2+sac-save-attention, full+offload ..."""
+    every-2+sac-save-attention, full+offload, compile-budget-0.5 ..."""
+    if recompute is not None and recompute.compile_budget is not None:
+        return f"compile-budget-{recompute.compile_budget:g}"
     layers, sac = (recompute.layers, recompute.sac) if recompute else ((), "")
     name = ("none" if every_n_layers == 0 and not layers else layer_set_name(layers) if layers else
             "full" if every_n_layers == 1 else f"every-{every_n_layers}")
@@ -101,4 +112,13 @@ def layer_set_problem(value, depth: int) -> str:
         return f"{value!r} names a layer twice"
     if value != sorted(value):
         return f"{value!r} is not in increasing order (write {sorted(value)!r})"
+    return ""
+
+
+def compile_budget_problem(value) -> str:
+    """Why `value` is not an activation memory budget ("" when it is one): a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"each value must be a number in [0, 1], got {value!r}"
+    if not 0 <= value <= 1:
+        return f"{value!r} is outside [0, 1] (0: recompute all the partitioner can, 1: its default)"
     return ""

@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields
 from numbers import Real
 
 from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
+from ..strategy import compile_budget_problem
 from ..trainspec import Timing
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
@@ -115,6 +116,8 @@ def _case_problem(case) -> str | None:
         return f"case.recompute.layers is {recompute.get('layers')!r}, not a list of layer indices"
     if not isinstance(recompute.get("sac", ""), str):
         return f"case.recompute.sac is {recompute['sac']!r}, not a string"
+    if recompute.get("compile_budget") is not None and compile_budget_problem(recompute["compile_budget"]):
+        return f"case.recompute.compile_budget: {compile_budget_problem(recompute['compile_budget'])}"
     return None
 
 
