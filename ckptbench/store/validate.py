@@ -32,6 +32,8 @@ MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s",
                     "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
                     "timing_window_s")
 MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
+# bytes by name, not a number (a compiled point's allocator meter: its running sum at each mark)
+MEASURED_DICTS = ("allocator_at_marks_bytes",)
 
 
 def _number(value) -> bool:
@@ -128,7 +130,8 @@ _RULES: dict[str, int] = {}  # measurement key -> what its value must be (0: any
 def _rule(key: str) -> int:
     rule = _RULES.get(key)
     if rule is None:
-        rule = _RULES[key] = ((_NUMBER if key.endswith("_bytes") or key in MEASURED_NUMBERS else 0)
+        rule = _RULES[key] = ((_NUMBER if (key.endswith("_bytes") and key not in MEASURED_DICTS)
+                               or key in MEASURED_NUMBERS else 0)
                               | (_LIST if key in MEASURED_LISTS else 0))
     return rule
 

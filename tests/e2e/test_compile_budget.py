@@ -9,11 +9,14 @@ used on them.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from ckptbench.run.worker import measure
 from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.store.validate import record_problem
 from ckptbench.theory.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +34,7 @@ def records() -> dict:
     out = {}
     for budget in (0.0, 1.0):
         case = compiled_case(budget)
-        record = {"status": "ok", "measurement": measure(case)}
+        record = {"case_id": case.id, "status": "ok", "case": case.to_dict(), "measurement": measure(case)}
         annotate_record(case, record)
         out[budget] = record
     return out
@@ -60,6 +63,7 @@ def test_a_compiled_points_memory_is_unchecked_never_passed(records, budget):
     assert memory and {c["verdict"] for c in memory} == {"skip"}
     assert record["gates"]["compile_recompiles"] == record["gates"]["memory_step_not_compiled"] == 0
     assert record["verdict"] == "unchecked"
+    assert record_problem(json.loads(json.dumps(record))) is None  # the record, as a sweep stores it, validates
 
 
 def test_the_allocator_meter_sees_what_the_compiled_graphs_allocate(records):
