@@ -316,8 +316,8 @@ class Case:
             del fields_["data"]  # points on random tokens keep the ids they had before data had a choice
         if self.recompute == Recompute():
             del fields_["recompute"]  # every_n_layers alone: the ids points had before layer sets and SAC
-        elif not self.recompute.offload:
-            del fields_["recompute"]["offload"]  # transformers' offload: the ids layer sets and SAC had before
+        else:
+            fields_["recompute"] = self.recompute.to_dict()  # defaults left out: the ids points had before each field
         canonical = json.dumps(fields_, sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(canonical.encode()).hexdigest()[:12]
 
@@ -345,7 +345,12 @@ class Case:
     def analytic(self) -> bool:
         """Whether the analytic estimate describes this point (:func:`analytic_point`; a SAC policy's kept
         operators are not modelled).  Every other point is predicted by the simulation of its step."""
-        return analytic_point(self.model, self.setup, self.device) and not self.recompute.sac
+        return analytic_point(self.model, self.setup, self.device) and not self.recompute.sac and not self.compiled
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the point runs the model through ``torch.compile`` (a compile budget is set)."""
+        return self.recompute.compile_budget is not None
 
     @property
     def checkpointed_layers(self) -> list[int]:
@@ -358,7 +363,9 @@ class Case:
         return self.batch_size * self.seq_len * self.grad_accum * self.world_size
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["recompute"] = self.recompute.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Case:

@@ -15,6 +15,10 @@ A :class:`Recompute` names what that rule cannot say:
   (``save_on_cpu(pin_memory=True)`` around each checkpointed layer), ``"streamed"`` the saved inputs copied
   to pinned host memory on a side stream and prefetched one layer ahead in backward
   (:mod:`ckptbench.train.streamed`).  It means nothing without ``Case.offload``.
+- ``compile_budget``: ``torch.compile`` of the whole model (inductor), with torch's
+  ``_functorch.config.activation_memory_budget`` at this value (0: recompute all the partitioner can,
+  1: save what its default saves).  The partitioner, not transformers, decides what backward runs again,
+  so such a point checkpoints nothing through transformers (every_n_layers 0, no layer set, no SAC).
 
 Nothing here imports torch (operators are named as ``str(op.overloadpacket)`` prints them), so the suite
 validator, the estimate and the names stay importable without it.
@@ -50,16 +54,21 @@ class Recompute:
     layers: tuple[int, ...] = ()
     sac: str = ""
     offload: str = ""  # "" transformers' offload (where Case.offload), or one of OFFLOAD_KINDS
+    compile_budget: float | None = None  # torch.compile's activation memory budget; None: eager
 
     @classmethod
     def from_dict(cls, data: dict) -> Recompute:
-        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""), offload=data.get("offload", ""))
+        budget = data.get("compile_budget")
+        return cls(layers=tuple(data.get("layers", ())), sac=data.get("sac", ""), offload=data.get("offload", ""),
+                   compile_budget=None if budget is None else float(budget))
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["layers"] = list(self.layers)
         if not self.offload:
             del out["offload"]  # transformers' offload: the dict points had before there was a choice
+        if self.compile_budget is None:
+            del out["compile_budget"]  # eager points keep the ids they had before compile budgets
         return out
 
 
@@ -87,7 +96,9 @@ def layer_set_name(layers) -> str:
 
 def checkpointing_name(every_n_layers: int, offload: bool, recompute: Recompute | None = None) -> str:
     """Short name of a checkpointing setting: none, full, every-2, layers-0,1,2,5, sac-save-matmuls,
-    every-2+sac-save-attention, full+offload, full+offload-streamed ..."""
+    every-2+sac-save-attention, full+offload, full+offload-streamed, compile-budget-0.5 ..."""
+    if recompute is not None and recompute.compile_budget is not None:
+        return f"compile-budget-{recompute.compile_budget:g}"
     layers, sac = (recompute.layers, recompute.sac) if recompute else ((), "")
     kind = recompute.offload if recompute else ""
     name = ("none" if every_n_layers == 0 and not layers else layer_set_name(layers) if layers else
@@ -111,4 +122,13 @@ def layer_set_problem(value, depth: int) -> str:
         return f"{value!r} names a layer twice"
     if value != sorted(value):
         return f"{value!r} is not in increasing order (write {sorted(value)!r})"
+    return ""
+
+
+def compile_budget_problem(value) -> str:
+    """Why `value` is not an activation memory budget ("" when it is one): a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"each value must be a number in [0, 1], got {value!r}"
+    if not 0 <= value <= 1:
+        return f"{value!r} is outside [0, 1] (0: recompute all the partitioner can, 1: its default)"
     return ""

@@ -33,13 +33,13 @@ TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps"
               "sharding": str, "time_precision": (int, float), "max_steps": int, "max_time_s": (int, float)}
 AXES = {"seed": int, "precision": str, "loop": str, "lora_r": int, "sharding": str, "optimizer": str,
         "batch_size": int, "seq_len": int, "every_n_layers": int, "checkpoint_layers": list, "sac": str,
-        "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
+        "compile_budget": (int, float), "offload": bool, "local_sgd_steps": int, "grad_accum": int, "world_size": int, "sync_impl": str}
 # seed: [train.seed]; precision: [model.precision] (or model.dtype); loop, sharding, optimizer: [train.*];
 # lora_r: [train.lora].r (0: no adapters, full fine-tuning)
 SETUP_AXES = ("precision", "loop", "lora_r", "sharding", "optimizer")
 # every_n_layers and checkpoint_layers (layer sets) are one axis, crossed with sac (suitestrategy.py)
-STRATEGY_AXES = ("every_n_layers", "checkpoint_layers", "sac")
-AXIS_DEFAULTS = {"every_n_layers": [0], "checkpoint_layers": [], "sac": ["off"], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
+STRATEGY_AXES = ("every_n_layers", "checkpoint_layers", "sac", "compile_budget")
+AXIS_DEFAULTS = {"every_n_layers": [0], "checkpoint_layers": [], "sac": ["off"], "compile_budget": [], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
                  "world_size": [1], "sync_impl": ["accelerate"], "seed": [], **dict.fromkeys(SETUP_AXES, [])}
 DATA_KEYS = {"source": str, "path": str, "name": str, "config": str, "split": str, "column": str,
              "eval_every": int, "eval_batches": int}

@@ -5,7 +5,9 @@
 ``every_n_layers`` and ``checkpoint_layers`` are one axis: the sweep runs each n and each layer set (a
 suite that names only layer sets runs only those).  ``sac`` crosses with every strategy that checkpoints
 something ("off": plain checkpointing); a SAC policy where nothing is checkpointed means nothing and is
-left out, as offload is.
+left out, as offload is.  Each value of ``compile_budget`` adds one point more, ``torch.compile`` at that
+activation memory budget: the partitioner decides what is recomputed, so such a point checkpoints nothing
+through transformers and crosses with no n, layer set, SAC policy or offload.
 
 ``offload`` takes ``false``, ``true`` (transformers' own offload) and an offload kind of
 :data:`~ckptbench.strategy.OFFLOAD_KINDS` (``"streamed"``): :func:`offload_point` turns each value into the
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .strategy import OFFLOAD_KINDS, SAC_POLICIES, Recompute, layer_set_problem
+from .strategy import OFFLOAD_KINDS, SAC_POLICIES, Recompute, compile_budget_problem, layer_set_problem
 from .suitekeys import _Checker
 
 SAC_OFF = "off"
@@ -24,7 +26,8 @@ SAC_OFF = "off"
 
 def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple[int, Recompute]]:
     """(every_n_layers, Recompute) for each strategy of the sweep, in the order the suite names them:
-    each n of ``every_n_layers``, then each layer set of ``checkpoint_layers``, each crossed with ``sac``."""
+    each n of ``every_n_layers``, then each layer set of ``checkpoint_layers``, each crossed with ``sac``,
+    then each ``compile_budget``."""
     if max(axes["every_n_layers"]) > layers:
         ck.fail("sweep.every_n_layers", f"{max(axes['every_n_layers'])} is larger than the model's "
                 f"{layers} layers")
@@ -55,6 +58,11 @@ def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple
             if policy != SAC_OFF and n == 0 and not layer_set:
                 continue
             out.append((n, Recompute(layers=layer_set, sac="" if policy == SAC_OFF else policy)))
+    for budget in axes["compile_budget"]:
+        problem = compile_budget_problem(budget)
+        if problem:
+            ck.fail("sweep.compile_budget", problem)
+        out.append((0, Recompute(compile_budget=float(budget))))
     return out
 
 

@@ -13,6 +13,8 @@ and only a process-wide mmap threshold makes pages follow tensors, which would s
 
 from __future__ import annotations
 
+MARK = "ckptbench::"
+
 
 class AllocatorMeter:
     """torch's CPU allocator as the profiler reports it: every allocation and free of the step, in order.
@@ -26,10 +28,19 @@ class AllocatorMeter:
 
     kind = "torch.profiler profile_memory: peak of the running sum of CPU allocator events"
 
-    def __init__(self) -> None:
+    def __init__(self, names: tuple[str, ...] = ()) -> None:
         self._prof = None
         self.growth: int | None = None
         self.events = 0
+        self.names = dict.fromkeys(names, 0)  # how many profiler events whose name starts so the step ran
+        self.at_marks: dict[str, int] = {}  # the running sum when each mark was made
+
+    def mark(self, label: str) -> None:
+        """A moment of the step (an empty profiler range): :meth:`result` gives the running sum there."""
+        import torch
+
+        with torch.profiler.record_function(MARK + label):
+            pass
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
@@ -42,8 +53,15 @@ class AllocatorMeter:
         if prof is None:
             return
         prof.__exit__(None, None, None)
-        changes = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+        events = prof.profiler.kineto_results.events()
+        changes = sorted((e.start_ns(), e.nbytes()) for e in events
                          if e.name() == "[memory]" and e.device_type().name == "CPU")
+        for e in events if self.names else ():
+            for name in self.names:
+                self.names[name] += e.name().startswith(name)
+        marks = sorted((e.start_ns(), e.name().removeprefix(MARK)) for e in events if e.name().startswith(MARK))
+        for t, label in marks:
+            self.at_marks[label] = sum(nbytes for when, nbytes in changes if when <= t)
         running = peak = 0
         for _, nbytes in changes:
             running += nbytes
@@ -52,4 +70,5 @@ class AllocatorMeter:
 
     def result(self) -> dict:
         return {"allocator_meter": self.kind if self.growth is not None else None,
-                "allocator_growth_bytes": self.growth, "allocator_events": self.events}
+                "allocator_growth_bytes": self.growth, "allocator_events": self.events,
+                **({"allocator_at_marks_bytes": dict(self.at_marks)} if self.at_marks else {})}

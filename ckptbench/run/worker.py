@@ -34,6 +34,7 @@ from ..train.optimizers import describe_optimizer
 from ..train.precision import Amp
 from ..train.reference import reference
 from ..train.support import refusal as setup_refusal
+from .compiled_step import CompiledStepMarks, measured_only_flops
 from .faults import Fault
 from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
@@ -64,7 +65,8 @@ class StepSchedule:
         self.warmup, self.memory = t.warmup_steps, t.memory_steps
         self.total = self.warmup + self.memory + self.rule.max_steps
         self.fault = fault
-        self.marks = MemoryStepMarks(layers)
+        # a compiled point: probes that leave the compiled graphs running (run/compiled_step.py)
+        self.marks = CompiledStepMarks() if case.compiled else MemoryStepMarks(layers)
         self.steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
         self.timer = timer_for(device.type)
         self.losses: list = []
@@ -199,9 +201,10 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     return {
         **mem,
         **steps.result(),
-        **(flop_figures(case, stats.median_s, _device_name(device)) if case.model.analytic else
+        **(measured_only_flops(case, flop_figures(case, stats.median_s, _device_name(device))) if case.model.analytic else
            {"flops_convention": f"no FLOP formula for model_type {case.model.family!r}: counted FLOPs only"}),
-        **({} if case.analytic else simulated_estimate(case)),
+        **({} if case.analytic or case.compiled else simulated_estimate(case)),
+        **(loop.facts() if hasattr(loop, "facts") else {}),
         "precision": case.precision,
         "loop": case.setup.loop,
         "optimizer": describe_optimizer(loop.optimizer),  # the class and settings that ran
@@ -355,7 +358,9 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         result["measurement"] = m = measure(case, t_submit, fault, timeout_s)
         # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
         rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
-        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None))
+        m["step_time_model"] = ({"error": "a compiled point runs inductor's kernels, not the eager ops the "
+                                          "step-time model prices"} if case.compiled else
+                                step_time_model(case, rates_dir, m.pop("op_trace", None)))
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields
 from numbers import Real
 
 from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
-from ..strategy import OFFLOAD_KINDS
+from ..strategy import OFFLOAD_KINDS, compile_budget_problem
 from ..trainspec import Timing
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
@@ -32,6 +32,8 @@ MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s",
                     "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
                     "timing_window_s")
 MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
+# bytes by name, not a number (a compiled point's allocator meter: its running sum at each mark)
+MEASURED_DICTS = ("allocator_at_marks_bytes",)
 
 
 def _number(value) -> bool:
@@ -120,6 +122,8 @@ def _case_problem(case) -> str | None:
     if kind and (kind not in OFFLOAD_KINDS or case.get("offload") is not True):
         return (f"case.recompute.offload is {kind!r}, not one of {', '.join(OFFLOAD_KINDS)}"
                 if kind not in OFFLOAD_KINDS else f"case.recompute.offload is {kind!r} but case.offload is not true")
+    if recompute.get("compile_budget") is not None and compile_budget_problem(recompute["compile_budget"]):
+        return f"case.recompute.compile_budget: {compile_budget_problem(recompute['compile_budget'])}"
     return None
 
 
@@ -130,7 +134,8 @@ _RULES: dict[str, int] = {}  # measurement key -> what its value must be (0: any
 def _rule(key: str) -> int:
     rule = _RULES.get(key)
     if rule is None:
-        rule = _RULES[key] = ((_NUMBER if key.endswith("_bytes") or key in MEASURED_NUMBERS else 0)
+        rule = _RULES[key] = ((_NUMBER if (key.endswith("_bytes") and key not in MEASURED_DICTS)
+                               or key in MEASURED_NUMBERS else 0)
                               | (_LIST if key in MEASURED_LISTS else 0))
     return rule
 

@@ -64,6 +64,19 @@ def simulation_checks(case: Case, m: dict, tol: Tolerances) -> list:
     return out
 
 
+COMPILED_UNCHECKED = ("compiled (torch.compile): measured only. No estimate reads what the partitioner chose to "
+                      "save at this budget, and only the allocator meter could measure the step (the tracker's "
+                      "dispatch mode makes the compiled model run eagerly), so no second meter confirms it")
+
+
+def compiled_gates(m: dict) -> dict[str, int]:
+    """What makes a compiled point's numbers another program's: a recompilation after the first step (a
+    timed or the memory step would have compiled again), a memory step that ran no compiled region."""
+    regions = m.get("compiled_regions_run")
+    return {"compile_recompiles": int(m.get("compile_recompiles") or 0),
+            "memory_step_not_compiled": int(regions == 0)}
+
+
 def annotate_record(case: Case, record: dict) -> None:
     """Add ``estimate``, ``checks``, ``meters``, ``gates`` and ``verdict`` (pass / fail / unchecked; skip
     when the point did not run) to a record in place."""
@@ -74,6 +87,11 @@ def annotate_record(case: Case, record: dict) -> None:
     if case.world_size > 1:
         est, checks = comm_checks(case, m)
         record["estimate"] = est
+    elif case.compiled:  # measured only: every memory check skips, the verdict is at best unchecked
+        checks = [Check(q, m.get(q), None, None, None, "skip", COMPILED_UNCHECKED) for q in (
+            "peak_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes")]
+        record["estimate"], record["estimate_source"] = {}, "none"
+        record["estimate_reason"] = COMPILED_UNCHECKED
     elif not case.analytic:
         checks = simulation_checks(case, m, Tolerances.for_device(case.device))
         sim = m.get("simulation")
@@ -91,7 +109,7 @@ def annotate_record(case: Case, record: dict) -> None:
         checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout),
                   step_time_check(m), *([offload_kind_check(case, m)] if case.offload else [])]
     record["checks"] = [c.to_dict() for c in checks]
-    record["gates"] = gates(m)
+    record["gates"] = {**gates(m), **(compiled_gates(m) if case.compiled else {})}
     if case.world_size == 1:
         meters = meter_checks(case, m)
         record["meters"] = {"agreement": agreement(meters), "checks": [c.to_dict() for c in meters],

@@ -27,6 +27,7 @@ import torch
 
 from ..spec import Case
 from .checkpointing import checkpoint_kwargs, enable_checkpointing, select_layers
+from .compiled import CompiledModel
 from .optimizers import build_optimizer, trainer_choice
 from .precision import Amp
 from .step import forward_loss, train_step
@@ -61,16 +62,30 @@ class ManualLoop:
         self.checkpointing_api = enable_checkpointing(model, case.every_n_layers, case.offload, case.recompute)
         self.optimizer = build_optimizer(case.setup, model, case.train.lr)
         self.amp = Amp.of(case)
+        self.compiled = None  # a compile budget: the steps run torch.compile's module (train/compiled.py)
+        if case.compiled:
+            self.compiled = CompiledModel(model, case.recompute.compile_budget)
+            self.model = self.compiled.module
+            self.checkpointing_api = "torch.compile"
+
+    def _step(self, memory: bool, marks):
+        if memory:
+            return memory_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp, marks)
+        return train_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp)
 
     def run(self, schedule) -> None:
         for k in schedule:
             schedule.begin(k)
-            if schedule.kind(k) == "memory":
-                loss = memory_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp,
-                                   schedule.marks)
+            memory = schedule.kind(k) == "memory"
+            if self.compiled is None:
+                loss = self._step(memory, schedule.marks)
             else:
-                loss = train_step(self.model, self.optimizer, self.batch, self.case.grad_accum, self.amp)
+                loss = self.compiled.step(lambda: self._step(memory, schedule.marks))  # noqa: B023 (run now)
             schedule.end(k, loss)
+
+    def facts(self) -> dict:
+        """What the record adds for this loop: a compiled point's account of compiling."""
+        return self.compiled.facts() if self.compiled is not None else {}
 
 ACCELERATE_PRECISION = {"": "no", "bf16": "bf16", "fp16": "fp16"}
 

@@ -10,6 +10,10 @@ from .optimizers import optimizer_refusal
 def refusal(case: Case) -> str | None:
     """Why this point is not run here as asked, or None."""
     setup = case.setup
+    if case.compiled and (setup.loop != "manual" or case.world_size > 1 or setup.lora is not None):
+        return ("a compile-budget point runs torch.compile in the plain single-process loop only; the "
+                f"{setup.loop} loop{', LoRA' if setup.lora else ''}{' and more than one rank' if case.world_size > 1 else ''}"
+                " around a compiled model are not built by this version of ckptbench")
     if setup.autocast == "fp16" and case.device == "cpu":
         # Accelerate (and so Trainer) neither autocasts nor scales fp16 on CPU
         # (``Accelerator(mixed_precision='fp16', cpu=True).native_amp`` is False: the point would silently

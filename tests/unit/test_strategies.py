@@ -107,7 +107,7 @@ def test_the_gpu_strategies_suite_sets_each_strategy_beside_none_at_each_length(
     from ckptbench.theory.estimate import estimate_case
 
     suite = load_suite("suites/strategies-gpu.toml")
-    assert len(suite.cases) == 56 and {c.device for c in suite.cases} == {"cuda"}
+    assert len(suite.cases) == 60 and {c.device for c in suite.cases} == {"cuda"}
     by_seq: dict[int, set[str]] = {}
     for c in suite.cases:
         by_seq.setdefault(c.seq_len, set()).add(c.strategy)
@@ -116,5 +116,6 @@ def test_the_gpu_strategies_suite_sets_each_strategy_beside_none_at_each_length(
     assert "none" in names and "full+offload" in names and "layers-0…7+sac-save-matmuls+offload" in names
     assert {"full+offload-streamed", "every-4+offload-streamed", "layers-0…7+sac-save-attention+offload-streamed"} <= names
     assert {n.split("+")[0] for n in names} >= {"none", "every-4", "full", "layers-0…7", "sac-save-attention"}
-    biggest = max((c for c in suite.cases if c.recompute.sac == ""), key=lambda c: estimate_case(c).peak_bytes)
+    assert {"compile-budget-0", "compile-budget-1"} <= names  # torch.compile at both ends of the budget
+    biggest = max((c for c in suite.cases if c.recompute.sac == "" and not c.compiled), key=lambda c: estimate_case(c).peak_bytes)
     assert biggest.strategy == "none" and estimate_case(biggest).peak_bytes < 33 * 2**30  # "32.0 GiB"
