@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from .answers import remembered
 from .spec import FAMILIES, ModelSpec, canonical_config
 
 # ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension
@@ -232,21 +233,39 @@ def model_class(model_type: str) -> ModelClass:
     checked by tests/unit/test_suite.py)."""
     if model_type in SDPA_FAMILIES:
         return ModelClass(known=True, supports_sdpa=True, dim_keys=ANALYTIC_DIM_KEYS[model_type])
-    return ModelClass(**_ask(["model-class", model_type], f"model_type {model_type!r}"))
+    answer = _ask(["model-class", model_type], f"model_type {model_type!r}")
+    keys = answer.get("dim_keys", {})
+    if not (isinstance(answer.get("known"), bool) and isinstance(answer.get("supports_sdpa"), bool)
+            and isinstance(keys, dict) and all(isinstance(v, (str, type(None))) for v in keys.values())):
+        raise ConfigError(f"could not ask transformers about model_type {model_type!r}: not a model-class answer")
+    return ModelClass(known=answer["known"], supports_sdpa=answer["supports_sdpa"], dim_keys=keys)
 
 
 def _ask(args: list[str], what: str, module: str = "ckptbench.configs") -> dict:
-    """The JSON answer of ``python -m MODULE ARGS`` (a child interpreter, so torch stays out)."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", module, *args],
-                              capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"could not ask transformers about {what}: {exc}") from None
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"could not ask transformers about {what}: {last}") from None
+    """The JSON answer of ``python -m MODULE ARGS`` (a child interpreter, so torch stays out), kept on disk
+    for the next command with the same transformers, torch and code (:mod:`.answers`)."""
+    failed: list[str] = []
+
+    def ask() -> dict | None:
+        try:
+            proc = subprocess.run([sys.executable, "-m", module, *args],
+                                  capture_output=True, text=True, timeout=ASK_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            failed.append(str(exc))
+            return None
+        try:
+            answer = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            failed.append((proc.stderr.strip().splitlines() or ["no output"])[-1])
+            return None
+        return answer
+
+    answer = remembered([module, *args], ask)
+    if answer is None:
+        raise ConfigError(f"could not ask transformers about {what}: {failed[0] if failed else 'no answer'}")
+    return answer
 
 
 @functools.cache
@@ -288,7 +307,7 @@ def build_problem(spec: ModelSpec, requested: tuple[str, ...] = ()) -> tuple[str
     (or one the refusal names), "" when the refusal is the config's as a whole."""
     answer = _build_answer(json.dumps({"spec": asdict(spec), "requested": list(requested)}, sort_keys=True),
                            spec.family)
-    return (answer["key"], answer["reason"]) if answer.get("reason") else None
+    return (str(answer.get("key", "")), str(answer["reason"])) if answer.get("reason") else None
 
 
 @functools.cache  # a command reads its suite more than once (the sweep, then its report): asked once

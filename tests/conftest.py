@@ -1,10 +1,19 @@
-"""Shared fixtures: tiny suites written on the fly, and the GPU skip."""
+"""Shared fixtures: tiny suites written on the fly, and the GPU skip.
+
+transformers' answers about a model (:mod:`ckptbench.answers`) are kept for the test session in a folder
+of the system's temporary directory, never in the user's own cache; the key holds the code's hash, so an
+answer kept by another checkout or an older commit is never reused.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import textwrap
 
 import pytest
+
+os.environ.setdefault("CKPTBENCH_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"ckptbench-test-answers-{os.getuid()}"))
 
 
 def pytest_collection_modifyitems(config, items):

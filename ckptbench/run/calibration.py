@@ -15,8 +15,11 @@ CALIBRATION_TIMEOUT_S = 120
 
 
 def machine_rates(cases: list[Case]) -> tuple[Rates | None, str]:
-    """(rates for every (device, dtype, threads) the cases use, "") or (None, why they could not be had)."""
-    keys = sorted({rate_key(c) for c in cases})
+    """(rates for every (device, dtype, threads) the cases use, "") or (None, why they could not be had).
+    Nothing is measured for points no FLOP formula describes: their duration is not projected anyway."""
+    keys = sorted({rate_key(c) for c in cases if c.model.analytic})
+    if not keys:
+        return None, "no FLOP formula for the model type of any point"
     try:
         proc = subprocess.run([sys.executable, "-m", "ckptbench.measure.rates", json.dumps(keys)],
                               capture_output=True, text=True, timeout=CALIBRATION_TIMEOUT_S)

@@ -63,3 +63,17 @@ def test_dry_run_states_the_projection_and_the_memory_check(write_suite):
     assert proc.returncode == 0
     assert lines[-2].startswith("projected duration ") and "cpu fp32 1 thread:" in lines[-2]
     assert lines[-1] == "memory: every point's estimated peak fits in the memory available now"
+
+
+def test_nothing_is_measured_for_a_sweep_no_flop_formula_describes(monkeypatch):
+    from ckptbench.run import calibration
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a calibration child was started for points it cannot project")
+
+    monkeypatch.setattr(calibration.subprocess, "run", no_child)
+    mistral = Case(model=preset("mistral-7b", layers=2, hidden=64, vocab=256), train=TrainSpec(), batch_size=1,
+                   seq_len=32)
+    assert not mistral.model.analytic
+    rates, why = calibration.machine_rates([mistral])
+    assert rates is None and why == "no FLOP formula for the model type of any point"
