@@ -51,7 +51,7 @@ def time_kernel(device: str, threads: int, reps: int = REPS) -> dict:
     repetition()  # library load, kernel choice, caches
     times = [repetition() for _ in range(reps)]
     out = {"kernel": kernel_name(device), "device": device, "dtype": "fp32", "threads": threads,
-           "times_s": times, "torch": torch.__version__}
+           "times_s": times, "torch": str(torch.__version__)}  # a plain str: a TorchVersion unpickled imports torch
     if device == "cuda":
         out["device_name"] = torch.cuda.get_device_name(0)
     return out

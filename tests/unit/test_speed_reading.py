@@ -52,3 +52,26 @@ def test_an_unwritable_directory_costs_a_note_not_the_sweep(tmp_path, monkeypatc
 def test_a_torn_last_line_is_skipped(tmp_path):
     (tmp_path / READINGS).write_text('{"times_s": [0.03], "at": "start"}\n{"times_s": [0.0')
     assert load_readings(str(tmp_path)) == [{"times_s": [0.03], "at": "start"}]
+
+
+def test_a_forked_reading_leaves_the_sweeps_parent_without_torch(tmp_path):
+    """The readings come back through a pipe, pickled: anything of torch's in them (torch.__version__ is a
+    TorchVersion) would import torch into the sweep's parent when unpickled, seconds of every sweep."""
+    import subprocess
+    import sys
+
+    code = ("import sys, json\n"
+            "from ckptbench.run.speed_reading import take_readings\n"
+            "from ckptbench.spec import Case, TrainSpec, preset\n"
+            "case = Case(model=preset('llama-tiny'), train=TrainSpec(), batch_size=1, seq_len=8)\n"
+            f"notes = take_readings({str(tmp_path)!r}, 'start', [case], forked=True)\n"
+            "print(json.dumps({'notes': notes, 'torch': 'torch' in sys.modules}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer == {"notes": [], "torch": False}
+    readings = load_readings(str(tmp_path))
+    assert len(readings) == speed_reading.READINGS_PER_MOMENT and all(r["times_s"] for r in readings)
+    assert all(type(r["torch"]) is str for r in readings)
