@@ -244,6 +244,9 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     repeats = options.repeats or suite.repeats
     todo, skipped = pending(planned, recorded, options.resume, repeats, options.retry, options.max_attempts)
     attempts = next_attempts(recorded)
+    forked = any(case.world_size == 1 for case, _ in todo)
+    if forked:  # first: its imports run while on_start states the plan (the projection's rates are measured
+        start_fork_server()  # beside them); here, in the sweep's main thread, so that it dies with the sweep
     if on_start is not None:
         on_start(todo)
     timeout = options.timeout_s or suite.timeout_s
@@ -286,9 +289,6 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if on_record is not None:
             on_record(record, len(records), len(todo))
 
-    forked = any(case.world_size == 1 for case, _ in todo)
-    if forked:
-        start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
 
     def calibration(at: str) -> list[str]:  # the machine's speed now: what compare tells drift from change by
         return take_readings(options.out_dir, at, [c for c, _ in todo], forked, shard, options.job) \
