@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# the tests in one process per core (pytest-xdist), a test module's tests in one process (its fixtures once)
+# the tests in one process per core (pytest-xdist), a test module's tests in one process (its fixtures once); the 15 slowest listed
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 # the documentation site (docs/, mkdocs-material) into site/; --strict: a broken link or a page missing
 # from the navigation fails the build
