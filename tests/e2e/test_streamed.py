@@ -18,16 +18,9 @@ from ckptbench.spec import Case, Recompute, Setup, TrainSpec, preset
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.train.checkpointing import enable_checkpointing, offload_for
 from ckptbench.train.models import build_model, synthetic_batch
+from tests.e2e.test_strategies import LLAMA, judged  # the strategy tests' model, measured and judged as there
 
 pytestmark = pytest.mark.e2e
-
-LLAMA = preset("llama-tiny", attn="eager", max_positions=4096)
-
-
-def judged(case: Case) -> dict:
-    record = {"status": "ok", "measurement": measure(case)}
-    annotate_record(case, record)
-    return record
 
 
 # (layers, loop) -> the measured peak, bytes (llama-tiny fp32 eager, batch 1, seq 1024): transformers'
