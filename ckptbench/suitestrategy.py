@@ -46,7 +46,7 @@ def strategies(ck: _Checker, sweep: dict, axes: dict, layers: int) -> list[tuple
     for value in axes["offload"]:
         if isinstance(value, str) and value not in OFFLOAD_KINDS:
             ck.fail("sweep.offload", f"unknown offload {value!r}; known: false, true, "
-                    f"{', '.join(repr(k).replace(chr(39), chr(34)) for k in OFFLOAD_KINDS)}")
+                    + ", ".join(f'"{k}"' for k in OFFLOAD_KINDS))
     if any(v is True or isinstance(v, str) for v in axes["offload"]) and not checkpoints:
         ck.fail("sweep.offload", "offload needs checkpointing: add an every_n_layers value > 0")
     if any(p != SAC_OFF for p in axes["sac"]) and not checkpoints:

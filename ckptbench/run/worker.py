@@ -242,9 +242,11 @@ def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None
     """The step-time model's prediction for the point (:func:`.steptime.predict`), made after its steps ran,
     from the ops its memory step ran (`trace`; traced on fake tensors when there is none): the op rates it
     lacks are timed here, under the conditions the steps ran in, and kept in `rates_dir` for the sweep's
-    next points.  A model that cannot predict the point says why instead."""
+    next points.  A model that cannot predict the point says why instead, as does a compiled point."""
     from .steptime import predict
 
+    if case.compiled:
+        return {"error": "a compiled point runs inductor's kernels, not the eager ops the step-time model prices"}
     try:
         return predict(case, rates_dir, trace=trace)
     except Exception as exc:  # the prediction never costs the point its measurement
@@ -358,9 +360,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         result["measurement"] = m = measure(case, t_submit, fault, timeout_s)
         # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
         rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
-        m["step_time_model"] = ({"error": "a compiled point runs inductor's kernels, not the eager ops the "
-                                          "step-time model prices"} if case.compiled else
-                                step_time_model(case, rates_dir, m.pop("op_trace", None)))
+        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None))
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

@@ -122,8 +122,9 @@ def _case_problem(case) -> str | None:
     if kind and (kind not in OFFLOAD_KINDS or case.get("offload") is not True):
         return (f"case.recompute.offload is {kind!r}, not one of {', '.join(OFFLOAD_KINDS)}"
                 if kind not in OFFLOAD_KINDS else f"case.recompute.offload is {kind!r} but case.offload is not true")
-    if recompute.get("compile_budget") is not None and compile_budget_problem(recompute["compile_budget"]):
-        return f"case.recompute.compile_budget: {compile_budget_problem(recompute['compile_budget'])}"
+    budget = recompute.get("compile_budget")
+    if budget is not None and (problem := compile_budget_problem(budget)):
+        return f"case.recompute.compile_budget: {problem}"
     return None
 
 

@@ -104,8 +104,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         return packed
 
     def unpack(self, packed: _Packed) -> torch.Tensor:
-        if not self.in_backward:
-            self.in_backward = True
+        self.in_backward = True
         entries = self.pending.get(packed.group)
         if entries is not None and any(e is packed for e in entries):
             entries[:] = [e for e in entries if e is not packed]
@@ -113,7 +112,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
             return packed.host.to(packed.device)
         first = id(packed) not in self.fetched and packed.group in self.pending
         if first:
-            self._bring(packed.group, [packed, *self.pending[packed.group]])
+            self._bring([packed, *self.pending[packed.group]])
         if first or packed.group - 1 in self.pending:
             self._prefetch(packed.group - 1)
         tensor = self.fetched.pop(id(packed), None)
@@ -133,7 +132,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         self.counts["h2d"] += 1
         return tensor
 
-    def _bring(self, group: int, entries: list[_Packed]) -> None:
+    def _bring(self, entries: list[_Packed]) -> None:
         for entry in entries:
             if entry.device.type == "cuda" and id(entry) not in self.fetched:  # a CPU tensor never left
                 self.fetched[id(entry)] = self._copy_in(entry)
@@ -142,7 +141,7 @@ class StreamedOffload(torch.autograd.graph.saved_tensors_hooks):
         entries = [e for e in self.pending.get(group, ()) if e.device.type == "cuda"]
         if group < 0 or not entries or all(id(e) in self.fetched for e in entries):
             return
-        self._bring(group, entries)
+        self._bring(entries)
         self.counts["prefetched"] += 1
 
 

@@ -6,7 +6,10 @@ for, so the rules around it are on trial without torch.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 from ckptbench.run import speed_reading
 from ckptbench.spec import Case, TrainSpec, preset
@@ -57,9 +60,6 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 def test_a_forked_reading_leaves_the_sweeps_parent_without_torch(tmp_path):
     """The readings come back through a pipe, pickled: anything of torch's in them (torch.__version__ is a
     TorchVersion) would import torch into the sweep's parent when unpickled, seconds of every sweep."""
-    import subprocess
-    import sys
-
     code = ("import sys, json\n"
             "from ckptbench.run.speed_reading import take_readings\n"
             "from ckptbench.spec import Case, TrainSpec, preset\n"
@@ -68,8 +68,6 @@ def test_a_forked_reading_leaves_the_sweeps_parent_without_torch(tmp_path):
             "print(json.dumps({'notes': notes, 'torch': 'torch' in sys.modules}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert answer == {"notes": [], "torch": False}
     readings = load_readings(str(tmp_path))
