@@ -57,10 +57,11 @@ def _case(args):
     return replace(case, setup=replace(case.setup, sharding=args.sharding))
 
 
-def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
+def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[str, ...] = ()):
     """The analytic estimate where it describes the point (:func:`~ckptbench.spec.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
-    simulation extrapolated to full depth."""
+    simulation extrapolated to full depth; with `sac`, each policy's own few-layer fit beside it
+    (:class:`~ckptbench.theory.planstrategies.PerStrategy`)."""
     from ..spec import Setup, analytic_point, analytic_sharded_point
     from ..theory import plan as planner
 
@@ -70,22 +71,77 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None):
             raise UsageError("--sharding fsdp is planned from the analytic estimate of one rank: llama, qwen2 or "
                              "gpt2 shapes in a pure precision (--precision bf16 or fp32) or bf16-mixed (FSDP2's "
                              "MixedPrecisionPolicy) under the manual loop, full fine-tuning with AdamW")
+        if sac:
+            raise UsageError("--sac: SAC policies are planned for one unsharded rank (the sharded estimate does "
+                             "not model what a policy keeps); drop --sharding fsdp or --sac")
         return planner.ShardedAnalytic(a.world)
-    if analytic_point(spec, setup, a.device) and not force_simulation:
-        return planner.Analytic()
+    base = planner.Analytic() if analytic_point(spec, setup, a.device) and not force_simulation else None
+    if base is not None and not sac:
+        return base
+    from ..spec import Recompute
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
     from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
+    from ..theory.planstrategies import PerStrategy
 
     offloads = (False, True) if a.device == "cuda" else (False,)
     # every few-layer step is independent: one process per core simulates them
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=get_context("fork")) as pool:
-        try:
-            return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup))
-        except (NotAffine, SimulationFailed) as exc:
-            raise UsageError(f"cannot plan {spec.label} from a few-layer simulation: {exc}") from None
-        except BrokenProcessPool:
-            raise UsageError(f"cannot plan {spec.label}: a simulation process died (out of memory?) before it "
-                             "could say why") from None
+        def fitted(recompute, what: str):
+            try:
+                return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup,
+                                               recompute=recompute))
+            except (NotAffine, SimulationFailed) as exc:
+                raise UsageError(f"cannot plan {what} of {spec.label} from a few-layer simulation: {exc}") from None
+            except BrokenProcessPool:
+                raise UsageError(f"cannot plan {spec.label}: a simulation process died (out of memory?) before it "
+                                 "could say why") from None
+
+        base = base or fitted(Recompute(), "the strategies")
+        if not sac:
+            return base
+        return PerStrategy(base, {p: fitted(Recompute(sac=p), f"SAC policy {p}") for p in sac})
+
+
+def sac_policies(text: str | None) -> tuple[str, ...]:
+    """``--sac save-matmuls,save-attention`` or ``--sac all``: the named policies, each once, in order."""
+    from ..strategy import SAC_POLICIES
+
+    if not text:
+        return ()
+    names = list(SAC_POLICIES) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SAC_POLICIES]
+    if unknown or not names:
+        raise UsageError(f"--sac {text}: {'unknown policy ' + repr(unknown[0]) if unknown else 'no policy named'}; "
+                         f"the policies are {', '.join(SAC_POLICIES)} (or all)")
+    return tuple(dict.fromkeys(names))
+
+
+def not_ranked(a, predict, sac: tuple[str, ...], verify: bool = False) -> dict[str, str]:
+    """The strategies this plan leaves out, each with why (:data:`~ckptbench.theory.planstrategies.NOT_RANKED`)."""
+    from ..theory.planstrategies import NOT_RANKED
+
+    out = dict(NOT_RANKED)
+    if not sac:
+        out["sac"] = ("not ranked unless asked: each policy is planned from its own few-layer simulation "
+                      "(--sac save-matmuls,... or --sac all)")
+    if a.device == "cuda" and verify:
+        out["offload-streamed"] = ("not ranked with --verify, which runs the every-n settings with transformers' "
+                                   "offload")
+    elif a.device == "cuda" and not streams(a, predict):
+        out["offload-streamed"] = ("not ranked for this plan: streamed offload's prefetch is in the analytic "
+                                   "estimate of one unsharded rank only (the few-layer fit does not carry it)")
+    elif a.device != "cuda":
+        out["offload-streamed"] = "not ranked on a CPU: nothing is copied, it is +offload to the byte"
+    return out
+
+
+def streams(a, predict) -> bool:
+    """Whether the plan ranks streamed offload: a CUDA plan of one unsharded rank from the analytic estimate."""
+    from ..theory import plan as planner
+    from ..theory.planstrategies import PerStrategy
+
+    base = predict.base if isinstance(predict, PerStrategy) else predict
+    return a.device == "cuda" and a.sharding == "ddp" and type(base) is planner.Analytic
 
 
 def _check_html(path: str | None) -> None:
@@ -203,10 +259,10 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
     ranks += ", FSDP2: memory per rank" if a.sharding == "fsdp" else ""
     lines = [f"{run_label(case)} at seq {seq}, "
              f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
-             f"{'strategy':<34} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
+             f"{'strategy':<46} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
     shown, rows = shown_rows(options, SHOWN), merged(options)
     for o in shown:
-        lines.append(f"{o.strategy:<34} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
+        lines.append(f"{o.strategy:<46} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
                      f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "
                      f"{'-' if o.step_s is None else f'{o.step_s:.3f}':>8} "
                      f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
@@ -230,26 +286,35 @@ def cmd_plan(args) -> int:
     case, a = assumptions(args)
     spec = case.model
     t0 = time.perf_counter()
-    predict = predictor(spec, args.seq, a, args.simulate, case.setup)
-    if args.layer_sets and (type(predict) is not planner.Analytic or args.verify):
+    sac = sac_policies(args.sac)
+    if sac and args.verify:
+        raise UsageError("--sac: not with --verify (which measures every_n_layers settings)")
+    from ..spec import analytic_point
+
+    if args.layer_sets and (args.verify or args.simulate or a.sharding != "ddp"
+                            or not analytic_point(spec, case.setup, a.device)):
         raise UsageError("--layer-sets: planned from the analytic estimate of an unsharded point, without --verify "
                          "(which measures every_n_layers settings)")
+    predict = predictor(spec, args.seq, a, args.simulate, case.setup, sac)
     timer = step_timer(args, a, case.train.threads)
     options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup, layer_sets=args.layer_sets,
-                           timer=timer)
+                           timer=timer, sac=sac, streamed=streams(a, predict) and not args.verify)
     a = dataclasses.replace(a, step_time_source=timer.source)
     why = "" if any(o.max_batch for o in options) else planner.nothing_fits(spec, args.seq, a, predict, case.setup)
     took = time.perf_counter() - t0
     label = run_label(case)
+    left_out = not_ranked(a, predict, sac, args.verify)
     if args.json:
         print(json.dumps({**planner.to_dict(options, a, args.seq, label, why), "memory_source": predict.source,
-                          "precision": case.precision, "loop": case.setup.loop, "planning_s": round(took, 2)},
-                         indent=2))
+                          "precision": case.precision, "loop": case.setup.loop, "planning_s": round(took, 2),
+                          "not_ranked": left_out}, indent=2))
     else:
         print(render(case, args.seq, options, a, why))
         print(f"memory and FLOPs: {predict.source}; planned in {took:.1f} s")
         for why in sorted(set(predict.max_seq_unknown())):
             print(f"max seq @b1 not predicted: {why}")
+        for name, why in left_out.items():
+            print(f"{name}: {why}")
     if args.html:
         from ..report.plan_section import plan_page
         from ..store.files import write_text_atomic
@@ -307,6 +372,10 @@ def add_parser(sub) -> None:
     p.add_argument("--layer-sets", action="store_true",
                    help="also plan, for each count of layers no every_n_layers checkpoints, the best set of that "
                         "many layers (of the first k, k spread evenly and the last k: the lowest estimated peak)")
+    p.add_argument("--sac", metavar="POLICY[,POLICY]",
+                   help="also rank selective activation checkpointing under these policies (save-matmuls, "
+                        "save-attention, save-nothing, or all) on every pattern that checkpoints, each planned "
+                        "from its own few-layer FakeTensor simulation (a minute or more per policy)")
     p.add_argument("--html", metavar="FILE", help="also write the plan as a self-contained HTML page")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true",

@@ -72,8 +72,8 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
     if plan:
         seq = plan.get("seq_len")
         for o in plan.get("options", []):
-            if o.get("max_batch"):
-                by_point[(o["every_n_layers"], bool(o["offload"]), o["max_batch"], seq)] = o
+            if o.get("max_batch"):  # by the strategy's name: a SAC policy or streamed offload shares its n
+                by_point[(o.get("strategy"), o["max_batch"], seq)] = o
     rows = []
     for r in records:
         c, m = r.get("case") or {}, r.get("measurement") or {}
@@ -81,7 +81,7 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
         if not p and plan and not _same_setup(plan, c):
             continue  # a plan for another precision or loop predicted nothing about this point
         if not p:
-            o = by_point.get((c.get("every_n_layers"), bool(c.get("offload")), c.get("batch_size"), c.get("seq_len")))
+            o = by_point.get((r.get("strategy"), c.get("batch_size"), c.get("seq_len")))
             p = o and {"peak_bytes": o.get("peak_bytes"), "tokens_per_s": o.get("tokens_per_s")}
         if not p or r.get("status") != "ok":
             continue

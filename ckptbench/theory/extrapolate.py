@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..configs import error_line
-from ..spec import ModelSpec, Setup, checkpointed_layers
+from ..spec import ModelSpec, Recompute, Setup, checkpointed_layers
 from .stacks import layer_kinds, pattern
 
 FIT_LAYERS = (3, 5)
@@ -220,24 +220,28 @@ class Job:
     device: str
     count_flops: bool
     setup: Setup = Setup()
+    recompute: Recompute = Recompute()  # a checkpointed layer's SAC policy and offload kind (no layer set)
 
 
 def jobs(spec: ModelSpec, batch: int, seq: int, offload: bool, device: str, count_flops: bool,
-         setup: Setup = Setup()) -> list[Job]:
+         setup: Setup = Setup(), recompute: Recompute = Recompute()) -> list[Job]:
     """Every fitting pattern of the few-layer models at (batch, seq), and the check steps; offload runs
-    only where layers are checkpointed (a plain step offloads nothing)."""
+    only where layers are checkpointed (a plain step offloads nothing), and so does `recompute` (a SAC
+    policy, streamed offload's kind): a plain step is the same step under any of them."""
     chosen = [(layers, n, c) for layers in FIT_LAYERS for n, c in patterns(layers)]
     chosen += [(CHECK_LAYERS, n, tuple(checkpointed_layers(CHECK_LAYERS, n))) for n in CHECK_EVERY]
-    return [Job(replace(spec, layers=layers), n, c, batch, seq, offload, device, count_flops, setup)
+    return [Job(replace(spec, layers=layers), n, c, batch, seq, offload, device, count_flops, setup,
+                recompute if n else Recompute())
             for layers, n, c in chosen if n or not offload]
 
 
 def run_job(job: Job, simulate: Callable | None = None) -> Observation:
     if simulate is None:
         from .simulate import simulate
+    extra = {"recompute": job.recompute} if job.recompute != Recompute() else {}
     try:
         r = simulate(job.spec, job.batch, job.seq, job.every_n_layers, job.offload, device=job.device,
-                     count_flops=job.count_flops, trace=True, setup=job.setup)
+                     count_flops=job.count_flops, trace=True, setup=job.setup, **extra)
     except Exception as exc:
         raise SimulationFailed(f"simulating {job.spec.label} at {job.spec.layers} layers, batch {job.batch}, "
                                f"seq {job.seq}: {type(exc).__name__}: {error_line(exc)}") from None
@@ -260,6 +264,7 @@ class Extrapolation:
     seq: int
     device: str
     setup: Setup = Setup()
+    recompute: Recompute = Recompute()  # what every checkpointed layer of the fitted steps ran (SAC, offload kind)
     batched: dict = field(default_factory=dict)  # offload -> LayerFit (b >= 2, at seq)
     single: dict = field(default_factory=dict)  # offload -> LayerFit (b = 1, across lengths or at seq)
     across: dict = field(default_factory=dict)  # offload -> "" or why batch 1 is fitted at seq only
@@ -289,7 +294,8 @@ def seq_points(seq: int, max_positions: int) -> list[int]:
 
 
 def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True), across: bool = True,
-                  simulate: Callable | None = None, mapper: Callable = map, setup: Setup = Setup()) -> Extrapolation:
+                  simulate: Callable | None = None, mapper: Callable = map, setup: Setup = Setup(),
+                  recompute: Recompute = Recompute()) -> Extrapolation:
     """Simulate the few-layer models and fit them.
 
     `simulate` defaults to the FakeTensor step; `mapper` runs the jobs (``map``, or a process pool's map:
@@ -303,14 +309,15 @@ def extrapolation(spec: ModelSpec, seq: int, device: str, offloads=(False, True)
         raise NotAffine(f"its {spec.layers} layers are not all alike ({pattern(kinds)}): the few-layer copies "
                         "would not hold the same mix, and the fit treats every layer as one; simulate the full "
                         "depth instead (ckptbench estimate)")
-    ex = Extrapolation(spec, seq, device, setup)
+    ex = Extrapolation(spec, seq, device, setup, recompute)
     points = seq_points(seq, spec.max_positions) if across else []
     for off in offloads:
         ex.across[off] = "" if len(points) >= 4 else (
             f"too few sequence lengths below max_positions {spec.max_positions} to fit batch 1 across lengths"
             if across else "not fitted across sequence lengths")
     wanted = {(b, seq) for b in (1, 2, 3)} | {(1, s) for s in points}
-    todo = [j for off in offloads for b, s in sorted(wanted) for j in jobs(spec, b, s, off, device, s == seq, setup)]
+    todo = [j for off in offloads for b, s in sorted(wanted)
+            for j in jobs(spec, b, s, off, device, s == seq, setup, recompute)]
     if False not in offloads:  # an offload fit takes its plain patterns from the plain runs
         todo += [j for b, s in sorted(wanted) for j in jobs(spec, b, s, False, device, s == seq, setup)
                  if not j.every_n_layers]

@@ -91,7 +91,8 @@ def record_case(case: Case, sequence: bool = False) -> OpRecorder:
     spec, setup = case.model, case.setup
     with torch.device("meta"):
         model = with_adapters(build_model(spec, device="meta"), setup.lora)
-    enable_checkpointing(model, case.every_n_layers, offload=False)
+    # the point's layer set and SAC policy, as the train side switches them on (offload is filed below)
+    enable_checkpointing(model, case.every_n_layers, offload=False, recompute=case.recompute)
     layers = decoder_layers(model)
     checkpointed = [i for i, layer in enumerate(layers) if layer.gradient_checkpointing]
     recorder = OpRecorder(sequence)

@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass, field, replace
 from ..cards import CARDS
 from ..spec import Case, Recompute, Setup, TrainSpec, checkpointing_name
 from .estimate import estimate_case
-from .extrapolate import NotAffine, patterns
+from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
 from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 from .layersets import layer_set_strategies
 from .network import LINKS, allreduce_s
+from .planstrategies import candidates, strategies  # noqa: F401  (strategies: part of the plan's API)
 from .plantime import DatasheetTimer
 
 CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
@@ -78,11 +79,8 @@ class Option:
     tokens_per_s: float | None = None
     recompute_flops_share: float = 0.0
     layers: tuple[int, ...] = ()  # a layer set (every_n_layers 0), when the plan was asked for them
-
-
-def strategies(layers: int) -> list[tuple[int, bool]]:
-    """(every_n_layers, offload) for each distinct set of checkpointed layers, with and without offload."""
-    return [(0, False)] + [(n, off) for n, _ in patterns(layers)[1:] for off in (False, True)]
+    sac: str = ""  # the SAC policy of every checkpointed layer ("": plain checkpointing)
+    offload_kind: str = ""  # "streamed": streamed offload (where offload); "": transformers' own
 
 
 class Analytic:
@@ -95,6 +93,8 @@ class Analytic:
         return []
 
     def peak(self, case: Case) -> int:
+        if case.recompute.sac:  # what a policy keeps is simulated (planstrategies.PerStrategy), never guessed
+            raise ValueError(f"the analytic estimate does not model SAC policy {case.recompute.sac}")
         return estimate_case(case).peak_bytes
 
     def offloaded(self, case: Case) -> int:
@@ -196,36 +196,41 @@ def step_seconds(case: Case, a: Assumptions, predict=None, timer=None) -> tuple[
 
 
 def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None,
-         setup: Setup = Setup(), layer_sets: bool = False, timer=None) -> list[Option]:
+         setup: Setup = Setup(), layer_sets: bool = False, timer=None, sac: tuple[str, ...] = (),
+         streamed: bool = False) -> list[Option]:
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
-    few-layer simulation extrapolated (:class:`.extrapolate.Simulated`) for a model without one.  A
-    largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.  `timer`
+    few-layer simulation extrapolated (:class:`.extrapolate.Simulated`) for a model without one; with `sac`
+    (SAC policies to rank) it must answer those policies' Cases too
+    (:class:`.planstrategies.PerStrategy`).  `streamed` also ranks streamed offload beside each offload.
+    A largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.  `timer`
     gives a Case's step time (:func:`default_timer` when None: a card's datasheet rates).
     """
     train, predict = train or TrainSpec(), predict or Analytic()
     timer = timer or default_timer(a)
 
-    def case(batch: int, s: int, n: int, off: bool, ls: tuple[int, ...] = ()) -> Case:
+    def case(batch: int, s: int, n: int, off: bool, rc: Recompute) -> Case:
         return Case(model=model, train=train, batch_size=batch, seq_len=s, every_n_layers=n, offload=off,
-                    device=a.device, setup=setup, recompute=Recompute(layers=ls))
+                    device=a.device, setup=setup, recompute=rc)
 
-    chosen = [(n, off, ()) for n, off in strategies(model.layers)]
+    chosen = candidates(model.layers, sac, streamed)
     if layer_sets:  # each set picked by its estimated peak at batch 1 (the FLOPs depend on the count only)
-        sets = layer_set_strategies(model.layers, lambda ls: _fits(case(1, seq, 0, False, ls), a, predict)[1])
-        chosen += [(0, off, ls) for ls in sets for off in (False, True)]
+        sets = layer_set_strategies(model.layers,
+                                    lambda ls: _fits(case(1, seq, 0, False, Recompute(layers=ls)), a, predict)[1])
+        chosen += [(0, off, Recompute(layers=ls)) for ls in sets for off in (False, True)]
     options = []
-    for n, off, ls in chosen:
-        max_batch = _largest(lambda b, n=n, off=off, ls=ls: case(b, seq, n, off, ls), a, MAX_BATCH, predict)
+    for n, off, rc in chosen:
+        max_batch = _largest(lambda b, n=n, off=off, rc=rc: case(b, seq, n, off, rc), a, MAX_BATCH, predict)
         try:
-            max_seq = _largest(lambda s, n=n, off=off, ls=ls: case(1, s, n, off, ls), a, model.max_positions,
+            max_seq = _largest(lambda s, n=n, off=off, rc=rc: case(1, s, n, off, rc), a, model.max_positions,
                                predict)
         except NotAffine:
             max_seq = None
-        opt = Option(checkpointing_name(n, off, Recompute(layers=ls)), n, off, max_batch, max_seq, layers=ls)
+        opt = Option(checkpointing_name(n, off, rc), n, off, max_batch, max_seq, layers=rc.layers, sac=rc.sac,
+                     offload_kind=rc.offload if off else "")
         if max_batch:
-            best = case(max_batch, seq, n, off, ls)
+            best = case(max_batch, seq, n, off, rc)
             opt.peak_bytes = _fits(best, a, predict)[1]
             opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict, timer)
             opt.tokens_per_s = a.world * max_batch * seq / opt.step_s if opt.step_s else None
@@ -233,31 +238,31 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))
 
 
+def _suffix(o: Option) -> str:
+    """What a strategy adds to its checkpointed layers: its SAC policy and its offload."""
+    return ((f"+sac-{o.sac}" if o.sac else "")
+            + (f"+offload-{o.offload_kind}" if o.offload and o.offload_kind else "+offload" if o.offload else ""))
+
+
 def _family(o: Option) -> str:
     name = ("layers" if o.layers else "none" if o.every_n_layers == 0 else "full" if o.every_n_layers == 1
             else "every-n")
-    return name + ("+offload" if o.offload else "")
+    return name + _suffix(o)
 
 
 def merged(options: list[Option]) -> list[Option]:
     """One row per distinct answer: strategies of one family whose every predicted figure is the same
     (every-16 … every-31 of 32 layers each checkpoint two layers) become one row, named by their range."""
     rows: list[Option] = []
-    runs: list[list[Option]] = []
-    keys: list[tuple] = []  # each run's answer: consecutive options with the same one join it
+    runs: dict[tuple, list[Option]] = {}  # each answer's options, in the order the first of them comes
     for o in options:
-        key = (_family(o), o.max_batch, o.max_seq, o.peak_bytes, o.step_s, o.tokens_per_s)
-        if keys and keys[-1] == key:
-            runs[-1].append(o)
-        else:
-            keys.append(key)
-            runs.append([o])
-    for run in runs:
+        runs.setdefault((_family(o), o.max_batch, o.max_seq, o.peak_bytes, o.step_s, o.tokens_per_s), []).append(o)
+    for run in runs.values():
         first = run[0]
         if len(run) == 1:
             rows.append(first)
             continue
-        suffix = "+offload" if first.offload else ""
+        suffix = _suffix(first)
         if first.layers:  # layer sets of several counts: named by the counts
             ks = sorted(len(o.layers) for o in run)
             rows.append(replace(first, strategy=f"layer sets of {ks[0]}…{ks[-1]}{suffix} ({len(run)} settings)"))

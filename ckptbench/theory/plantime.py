@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from ..spec import Case
+from ..spec import Case, Recompute
 from .steptime import Rates, datasheet_rates, entry_seconds
 
 DIRECT_LAYERS = 2
@@ -32,17 +32,41 @@ def variants(case: Case) -> list[tuple[Case, int]]:
     spec, layers, c = case.model, case.model.layers, len(case.checkpointed_layers)
     if layers <= DIRECT_LAYERS:
         return [(case, 1)]
-    one = replace(case, model=replace(spec, layers=1), every_n_layers=0, offload=False)
+    # the plain steps checkpoint nothing: no layer set (its indices are the deep model's), no SAC policy
+    one = replace(case, model=replace(spec, layers=1), every_n_layers=0, offload=False, recompute=Recompute())
     two = replace(one, model=replace(spec, layers=2))
     out = [(one, 2 - layers - c), (two, layers - 1)]
-    if c:
-        out.append((replace(one, every_n_layers=1, offload=case.offload), c))
+    if c:  # one checkpointed layer, as each of the c recomputes, under the candidate's SAC policy (the offload
+        # kind is left out: either offload's trace files the same copies; streamed_hidden_s tells them apart)
+        kept = Recompute(sac=case.recompute.sac)
+        out.append((replace(one, every_n_layers=1, offload=case.offload, recompute=kept), c))
     return out
 
 
+def streamed_hidden_s(case: Case, price) -> float:
+    """Seconds of streamed offload's copies that compute hides (0 for any other Case).
+
+    The trace files every offload copy on the compute stream, as transformers' offload runs them.  Streamed
+    offload runs them on a side stream: a checkpointed layer's input leaves while the layers above run their
+    forward and comes back (prefetched) while the layer above runs its backward.  The model: each
+    checkpointed layer's copies overlap one layer's compute, so of its copies' serial time (one checkpointed
+    layer with offload less without) at most one plain layer's time (two layers less one) is hidden.  An
+    assumption, not yet measured on a GPU; on a CPU nothing is copied and nothing is hidden."""
+    c = len(case.checkpointed_layers)
+    if not (case.offload and case.recompute.offload == "streamed" and case.device == "cuda" and c):
+        return 0.0
+    one = replace(case, model=replace(case.model, layers=1), every_n_layers=0, offload=False, recompute=Recompute())
+    two = replace(one, model=replace(case.model, layers=2))
+    plain_ckpt = replace(one, every_n_layers=1, recompute=Recompute(sac=case.recompute.sac))
+    copies = price(replace(plain_ckpt, offload=True)) - price(plain_ckpt)
+    layer = price(two) - price(one)
+    return c * max(0.0, min(copies, layer))
+
+
 def depth_extrapolated(case: Case, price) -> float:
-    """`case`'s step time from `price` (seconds of a shallow Case) of :func:`variants`."""
-    return sum(weight * price(v) for v, weight in variants(case))
+    """`case`'s step time from `price` (seconds of a shallow Case) of :func:`variants`, less what streamed
+    offload's copies overlap (:func:`streamed_hidden_s`)."""
+    return sum(weight * price(v) for v, weight in variants(case)) - streamed_hidden_s(case, price)
 
 
 @functools.lru_cache(maxsize=256)

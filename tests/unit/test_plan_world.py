@@ -48,8 +48,9 @@ def test_plan_writes_a_self_contained_page(tmp_path):
     html = page.read_text()
     recommended = next(line for line in proc.stdout.splitlines() if line.startswith("recommended: "))
     assert recommended.removeprefix("recommended: ").split(":")[0] in html
-    # 65 strategies, those giving one answer merged: 23 rows and the header
-    assert html.count("<tr") == 1 + 23 and "class=best" in html and "data:image/svg+xml;base64," in html
+    # 65 strategies and streamed offload beside each of the 32 offloading ones, those giving one answer merged:
+    # 23 rows as before streamed offload, 11 of it, and the header
+    assert html.count("<tr") == 1 + 23 + 11 and html.count("offload-streamed") >= 11 and "class=best" in html and "data:image/svg+xml;base64," in html
     assert "http" not in html.replace("http-equiv", "")  # nothing fetched from elsewhere
 
 
