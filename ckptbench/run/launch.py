@@ -253,6 +253,8 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "sync_impl": r0["sync_impl"],
         "world_size_seen": r0["world_size"],
         "distributed": data,
+        # rank 0's offload facts, where its rank stated them (offload_kind_check asks for them)
+        **{k: r0[k] for k in ("offload_kind", "offload_pinned", "offload_moved") if k in r0},
         **(fsdp_measurement(data) if case.setup.sharding == "fsdp" else {}),
     }
 

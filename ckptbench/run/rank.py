@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         # process (else save_on_cpu(pin_memory=True) fails on the first checkpointed layer)
         with offload_for(case) as offload_facts:
             data = train_rank_fsdp(case) if case.setup.sharding == "fsdp" else train_rank(case, args.sync_impl)
-        data["offload_pinned"] = offload_facts["offload_pinned"]
+        # which offload ran, pinned or not, whether anything left the device: as a single process states them
+        data.update({k: offload_facts[k] for k in ("offload_kind", "offload_pinned", "offload_moved")})
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, data)
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
