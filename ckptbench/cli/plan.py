@@ -321,7 +321,7 @@ def cmd_plan(args) -> int:
 
         try:
             write_text_atomic(args.html, plan_page({**planner.to_dict(options, a, args.seq, label, why),
-                                                    "memory_source": predict.source}))
+                                                    "memory_source": predict.source, "not_ranked": left_out}))
         except OSError as exc:
             raise UsageError(f"--html {args.html}: cannot write: {exc.strerror or exc}") from None
         print(f"plan page: {args.html}", file=sys.stderr)

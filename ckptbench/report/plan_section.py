@@ -119,6 +119,10 @@ def plan_page(plan: dict) -> str:
     sources = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>"
                       for k, v in (plan["assumptions"].get("sources") or {}).items())
     timed = plan["assumptions"].get("step_time_source")
+    left_out = plan.get("not_ranked")  # what the plan did not rank, and why (plans since SAC and streamed offload)
+    left_out = ("<p>Not ranked:</p><ul>" + "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>"
+                                                   for k, v in left_out.items()) + "</ul>"
+                if isinstance(left_out, dict) and left_out else "")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>Plan: {escape(str(plan.get('model')))}</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
             "td:first-child{text-align:left}.best{background:#fde0dc;font-weight:bold}</style></head><body>"
@@ -126,8 +130,8 @@ def plan_page(plan: dict) -> str:
             f"<p><strong>Recommended:</strong> {escape(plan['recommendation'])}</p>"
             + (f"<img alt='{escape(fig.alt)}' src='{fig.uri}'>" if fig else "")
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
-            "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>"
-            f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"
+            "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>" + left_out
+            + f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"
             + (f"<p>Step time: each op of the traced step priced at {escape(str(timed))}</p>" if timed
                else "<p>Step time: none predicted (no setting fits).</p>") + f"<ul>{sources}</ul>"
             "<p>Predicted, not measured: <code>ckptbench plan --verify</code> or a sweep with "

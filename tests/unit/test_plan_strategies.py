@@ -199,3 +199,10 @@ def test_streamed_offload_is_left_out_where_the_plan_cannot_answer_it_and_says_w
     assert "analytic estimate of one unsharded rank" in not_ranked(sharded, planner.ShardedAnalytic(2), ())["offload-streamed"]
     cpu = replace(cuda, device="cpu", device_name=None)
     assert "+offload to the byte" in not_ranked(cpu, planner.Analytic(), ())["offload-streamed"]
+
+
+def test_the_plan_page_lists_what_the_plan_did_not_rank(tmp_path, capsys):
+    page = tmp_path / "plan.html"
+    code, _, _ = _plan_cli(capsys, "--device", "h200", "--precision", "bf16", "--html", str(page))
+    html = page.read_text()
+    assert code == 0 and "<p>Not ranked:</p>" in html and "<li>compile-budget: not ranked:" in html
