@@ -7,6 +7,8 @@ import dataclasses
 import json
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import pytest
 
@@ -16,7 +18,6 @@ from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.plan import Assumptions, plan, strategies
-from tests.pools import simulation_pool
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path,
         assert status[(n, b + 1)] == "over_budget", (n, b + 1)
     # the predictor for models without an analytic estimate (few-layer simulation, extrapolated) draws
     # the same line: its largest batches are the ones that really fit
-    with simulation_pool() as pool:
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
         simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map))
     by_simulation = {(o.every_n_layers, o.offload): o.max_batch
                      for o in plan(spec, SEQ, Assumptions(int(BUDGET_GIB * 2**30), "cpu"), TrainSpec(),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 
 import pytest
 
@@ -16,7 +18,6 @@ from ckptbench.suite import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.fsdp import in_flight_allowance
 from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
-from tests.pools import simulation_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -29,7 +30,7 @@ def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_
     """llama-small with r = 8 adapters, planned from the few-layer simulation of the peft-wrapped step."""
     spec, setup = preset("llama-small"), Setup(lora=Lora(r=8))
     a = Assumptions(int(LORA_BUDGET_GIB * 2**30), "cpu")
-    with simulation_pool() as pool:
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
         simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map,
                                             setup=setup))
     options = {o.every_n_layers: o.max_batch for o in plan(spec, SEQ, a, TrainSpec(), predict=simulated, setup=setup)
