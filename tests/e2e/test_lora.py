@@ -108,18 +108,3 @@ def test_a_sweep_records_a_lora_point_passed_and_a_qlora_point_unsupported_on_cp
     assert qlora["status"] == "unsupported" and qlora["strategy"] == "every-2+qlora8"
     assert "QLoRA (nf4)" in qlora["reason"] and "bitsandbytes" in qlora["reason"]
 
-
-def test_the_planners_extrapolation_of_a_lora_step_equals_its_full_simulation():
-    """The planner carries a few-layer simulated step to the full depth; with adapters too, to the byte."""
-    import dataclasses
-
-    from ckptbench.spec import checkpointed_layers
-    from ckptbench.theory.extrapolate import extrapolation
-
-    spec = preset("llama-small", hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512)
-    setup = Setup(lora=Lora(r=8))
-    ex = extrapolation(spec, 48, "cpu", offloads=(False,), across=False, setup=setup)
-    for layers, n, batch in ((8, 0, 2), (9, 3, 3)):
-        full = simulate(dataclasses.replace(spec, layers=layers), batch, 48, n, setup=setup)
-        peak, moment = ex.fit_for(False, batch, 48).peak(layers, checkpointed_layers(layers, n), batch, 48)
-        assert (peak, moment) == (full.peak_bytes, full.peak_phase)

@@ -3,6 +3,7 @@ is cheap: every strategy's predicted maximum runs within the budget and one more
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -39,7 +40,13 @@ def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path,
     assert all(b >= 1 for b in checked.values()) and len(set(checked.values())) == 3  # three different answers
     batches = sorted({b + k for b in checked.values() for k in (0, 1)})
     suite = load_suite(write_suite(_suite("plan-check", batches, [0, 1, 2], f"memory_budget_gib = {BUDGET_GIB}")))
-    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    # only each strategy's predicted maximum and the batch above it are run: the other points of the
+    # crossed axes (another strategy's batches) say nothing about this strategy's line
+    wanted = {(n, b + k) for n, b in checked.items() for k in (0, 1)}
+    suite = dataclasses.replace(suite, cases=tuple(c for c in suite.cases
+                                                   if (c.every_n_layers, c.batch_size) in wanted))
+    assert len(suite.cases) == len(wanted) == 6
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run"), calibrate=False))  # statuses only: no timings
     status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]
               for r in load_records(str(tmp_path / "run")).records}
     for n, b in checked.items():

@@ -1,8 +1,10 @@
 """The planner's answers for adapters and for sharded state, against runs that really happen on CPU: the
-largest batch it allows runs within the budget, and one more does not."""
+largest batch it allows runs within the budget, and one more does not; and the extrapolated LoRA step it
+plans by, against the full simulation of the same depth."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -11,12 +13,13 @@ import pytest
 
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.spec import Case, Lora, Setup, TrainSpec, preset
+from ckptbench.spec import Case, Lora, Setup, TrainSpec, checkpointed_layers, preset
 from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.fsdp import in_flight_allowance
 from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
+from ckptbench.theory.simulate import simulate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -25,13 +28,32 @@ SEQ = 128
 LORA_BUDGET_GIB = 0.03
 
 
-def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite):
-    """llama-small with r = 8 adapters, planned from the few-layer simulation of the peft-wrapped step."""
-    spec, setup = preset("llama-small"), Setup(lora=Lora(r=8))
-    a = Assumptions(int(LORA_BUDGET_GIB * 2**30), "cpu")
+LORA = Setup(lora=Lora(r=8))
+
+
+@pytest.fixture(scope="module")
+def lora_fit():
+    """llama-small with r = 8 adapters, fitted from the few-layer simulations of the peft-wrapped step: what
+    the planner sizes it by (built once for the two tests that use it)."""
     with ProcessPoolExecutor(max_workers=2, mp_context=get_context("fork")) as pool:
-        simulated = Simulated(extrapolation(spec, SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map,
-                                            setup=setup))
+        return extrapolation(preset("llama-small"), SEQ, "cpu", offloads=(False,), across=False, mapper=pool.map,
+                             setup=LORA)
+
+
+def test_the_planners_extrapolation_of_a_lora_step_equals_its_full_simulation(lora_fit):
+    """The planner carries a few-layer simulated step to the full depth; with adapters too, to the byte."""
+    spec = preset("llama-small")
+    for layers, n, batch in ((8, 0, 2), (9, 3, 3)):
+        full = simulate(dataclasses.replace(spec, layers=layers), batch, SEQ, n, setup=LORA)
+        peak, moment = lora_fit.fit_for(False, batch, SEQ).peak(layers, checkpointed_layers(layers, n), batch, SEQ)
+        assert (peak, moment) == (full.peak_bytes, full.peak_phase)
+
+
+def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite, lora_fit):
+    """llama-small with r = 8 adapters, planned from the few-layer simulation of the peft-wrapped step."""
+    spec, setup = preset("llama-small"), LORA
+    a = Assumptions(int(LORA_BUDGET_GIB * 2**30), "cpu")
+    simulated = Simulated(lora_fit)
     options = {o.every_n_layers: o.max_batch for o in plan(spec, SEQ, a, TrainSpec(), predict=simulated, setup=setup)
                if not o.offload}
     checked = {n: options[n] for n in (0, 1)}
@@ -42,7 +64,12 @@ def test_the_largest_lora_batch_the_planner_allows_is_the_largest_that_fits(tmp_
         '[model]\npreset = "llama-small"\nattn = "eager"\n'
         "[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = 1\nmax_steps = 1\nlora = { r = 8 }\n"
         f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = [0, 1]\n"))
-    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run")))
+    # only each strategy's predicted maximum and the batch above it are run (not the other strategy's batches)
+    wanted = {(n, b + k) for n, b in checked.items() for k in (0, 1)}
+    suite = dataclasses.replace(suite, cases=tuple(c for c in suite.cases
+                                                   if (c.every_n_layers, c.batch_size) in wanted))
+    assert len(suite.cases) == len(wanted) == 4
+    run_sweep(suite, SweepOptions(out_dir=str(tmp_path / "run"), calibrate=False))  # statuses only: no timings
     status = {(r["case"]["every_n_layers"], r["case"]["batch_size"]): r["status"]
               for r in load_records(str(tmp_path / "run")).records}
     for n, b in checked.items():

@@ -124,16 +124,18 @@ def _wait_for_records(path: str, k: int, proc: subprocess.Popen, limit_s: float 
     raise AssertionError(f"no {k} records in {limit_s} s")
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_sigkill_then_resume_runs_every_case_exactly_once(tmp_path, write_suite, k):
+def test_sigkill_then_resume_runs_every_case_exactly_once(tmp_path, write_suite):
+    """Killed early (after the first record), then, resumed, killed late (after the fourth): the records
+    are valid after each kill, and the last resume runs every Case exactly once."""
     path = write_suite(SIX)
     out = str(tmp_path / "run")
-    proc = _cli(path, out)
-    _wait_for_records(os.path.join(out, "records.jsonl"), k, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    before = load_records(out)
-    assert before.problems == [] and len(before.records) >= k
+    for k, extra in ((1, ()), (4, ("--resume",))):
+        proc = _cli(path, out, *extra)
+        _wait_for_records(os.path.join(out, "records.jsonl"), k, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = load_records(out)
+        assert before.problems == [] and len(before.records) >= k
     resumed = subprocess.run([sys.executable, "-m", "ckptbench", "sweep", "--suite", path, "--out", out,
                               "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
