@@ -110,7 +110,8 @@ def test_an_ordinary_sweep_given_the_plan_sets_each_predicted_point_beside_its_p
 
     planned = subprocess.run([sys.executable, "-m", "ckptbench", "plan", "--model", "llama-small", "--device", "cpu",
                               "--memory", f"{BUDGET_GIB}GiB", "--seq", str(SEQ), "--attn", "eager", "--json",
-                              "--precision", "fp32"], capture_output=True, text=True, timeout=120)
+                              "--precision", "fp32", "--rates-dir", str(tmp_path / "rates")],
+                             capture_output=True, text=True, timeout=120)
     assert planned.returncode == 0, planned.stderr
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(planned.stdout)
