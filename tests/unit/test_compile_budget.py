@@ -3,21 +3,14 @@ and a record (the compiled steps themselves: tests/e2e/test_compile_budget.py)."
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ckptbench.spec import Case, Recompute, Setup, TrainSpec, preset
 from ckptbench.store.validate import record_problem
 from ckptbench.strategy import checkpointing_name
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.suite import SuiteError
 from ckptbench.train.support import refusal
-
-HEAD = '[model]\npreset = "llama-tiny"\n[sweep]\nbatch_size = [1]\nseq_len = [32]\n'
-
-
-def cases(sweep: str):
-    return parse_suite(HEAD + sweep, "x.toml").cases
+from tests.unit.test_strategies import cases, recorded  # one suite head and one record round trip
 
 
 def test_each_budget_is_one_point_beside_the_other_strategies_and_crosses_with_none_of_them():
@@ -51,10 +44,7 @@ def test_eager_points_keep_their_ids():
 
 def test_a_compile_point_round_trips_through_a_record():
     case = cases("compile_budget = [0.75]")[1]
-    line = json.loads(json.dumps({"case_id": case.id, "status": "ok", "case": case.to_dict()}))
-    assert record_problem(line) is None
-    back = Case.from_dict(line["case"])
-    assert back == case and back.id == case.id and back.strategy == "compile-budget-0.75"
+    line = recorded(case, "compile-budget-0.75")
     for bad, reason in ((1.5, "outside [0, 1]"), ("half", "must be a number")):
         broken = {**line, "case": {**line["case"], "recompute": {"compile_budget": bad}}}
         assert "recompute.compile_budget" in record_problem(broken) and reason in record_problem(broken)

@@ -18,6 +18,15 @@ def cases(sweep: str):
     return parse_suite(HEAD + sweep, "x.toml").cases
 
 
+def recorded(case: Case, strategy: str) -> dict:
+    """`case` as a record's line, read back: it validates and gives the same Case, id and name `strategy`."""
+    line = json.loads(json.dumps({"case_id": case.id, "status": "ok", "case": case.to_dict()}))
+    assert record_problem(line) is None
+    back = Case.from_dict(line["case"])
+    assert back == case and back.id == case.id and back.strategy == strategy
+    return line
+
+
 def test_layer_sets_sit_beside_every_n_layers_as_one_axis():
     got = cases("every_n_layers = [0, 2]\ncheckpoint_layers = [[0, 1, 3], [2]]\noffload = [false, true]")
     assert [c.strategy for c in got] == ["none", "every-2", "every-2+offload", "layers-0,1,3",
@@ -50,10 +59,7 @@ def test_points_without_a_layer_set_or_policy_keep_their_ids():
 
 def test_a_strategy_round_trips_through_a_record():
     case = cases('checkpoint_layers = [[0, 2]]\nsac = ["save-matmuls"]\noffload = [true]')[0]
-    line = json.loads(json.dumps({"case_id": case.id, "status": "ok", "case": case.to_dict()}))
-    assert record_problem(line) is None
-    back = Case.from_dict(line["case"])
-    assert back == case and back.id == case.id and back.strategy == "layers-0,2+sac-save-matmuls+offload"
+    line = recorded(case, "layers-0,2+sac-save-matmuls+offload")
     broken = {**line, "case": {**line["case"], "recompute": {"layers": ["0"], "sac": ""}}}
     assert "recompute.layers" in record_problem(broken)
 

@@ -3,22 +3,15 @@ estimate beside the simulated step, and the record's verdict where its probes ca
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ckptbench.spec import Case, Recompute, TrainSpec, preset
 from ckptbench.store.validate import record_problem
 from ckptbench.strategy import checkpointing_name
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.suite import SuiteError
 from ckptbench.theory.checks import blind_spot, offload_kind_check
 from ckptbench.theory.estimate import estimate, estimate_case
-
-HEAD = '[model]\npreset = "llama-tiny"\n[sweep]\nbatch_size = [1]\nseq_len = [32]\n'
-
-
-def cases(sweep: str):
-    return parse_suite(HEAD + sweep, "x.toml").cases
+from tests.unit.test_strategies import cases, recorded  # one suite head and one record round trip
 
 
 def test_streamed_is_a_value_of_the_offload_key_beside_false_and_true():
@@ -65,10 +58,7 @@ def test_names():
 
 def test_a_streamed_point_round_trips_through_a_record_and_a_wrong_one_is_named():
     case = cases('checkpoint_layers = [[1, 3]]\noffload = ["streamed"]')[0]
-    line = json.loads(json.dumps({"case_id": case.id, "status": "ok", "case": case.to_dict()}))
-    assert record_problem(line) is None
-    back = Case.from_dict(line["case"])
-    assert back == case and back.id == case.id and back.strategy == "layers-1,3+offload-streamed"
+    line = recorded(case, "layers-1,3+offload-streamed")
     assert Recompute.from_dict(case.recompute.to_dict()) == case.recompute
     assert "offload" not in Recompute(layers=(1,)).to_dict()  # the dict a layer set had before
     unknown = {**line, "case": {**line["case"], "recompute": {"layers": [1, 3], "sac": "", "offload": "zero"}}}
