@@ -105,7 +105,12 @@ def checkpointing_name(every_n_layers: int, offload: bool, recompute: Recompute 
             "full" if every_n_layers == 1 else f"every-{every_n_layers}")
     if sac:
         name = f"sac-{sac}" if name == "full" else f"{name}+sac-{sac}"
-    return name + (f"+offload-{kind}" if offload and kind else "+offload" if offload else "")
+    return name + offload_suffix(offload, kind)
+
+
+def offload_suffix(offload: bool, kind: str = "") -> str:
+    """What a name adds for its offload: ``+offload`` (transformers'), ``+offload-streamed``, or nothing."""
+    return f"+offload-{kind}" if offload and kind else "+offload" if offload else ""
 
 
 def layer_set_problem(value, depth: int) -> str:

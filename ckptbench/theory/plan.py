@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..cards import CARDS
 from ..spec import Case, Recompute, Setup, TrainSpec, checkpointing_name
+from ..strategy import offload_suffix
 from .estimate import estimate_case
 from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
@@ -240,8 +241,7 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
 
 def _suffix(o: Option) -> str:
     """What a strategy adds to its checkpointed layers: its SAC policy and its offload."""
-    return ((f"+sac-{o.sac}" if o.sac else "")
-            + (f"+offload-{o.offload_kind}" if o.offload and o.offload_kind else "+offload" if o.offload else ""))
+    return (f"+sac-{o.sac}" if o.sac else "") + offload_suffix(o.offload, o.offload_kind)
 
 
 def _family(o: Option) -> str:

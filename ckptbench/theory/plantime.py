@@ -27,19 +27,26 @@ from .steptime import Rates, datasheet_rates, entry_seconds
 DIRECT_LAYERS = 2
 
 
+def _few_layer(case: Case) -> tuple[Case, Case, Case]:
+    """One plain layer, two plain layers, and one layer checkpointed as each of `case`'s checkpointed layers
+    is: its SAC policy and its offload.  The plain steps checkpoint nothing (no layer set: its indices are
+    the deep model's; no policy).  The offload kind is left out: either offload's trace files the same
+    copies, and :func:`streamed_hidden_s` tells them apart."""
+    one = replace(case, model=replace(case.model, layers=1), every_n_layers=0, offload=False, recompute=Recompute())
+    two = replace(one, model=replace(case.model, layers=2))
+    checkpointed = replace(one, every_n_layers=1, offload=case.offload, recompute=Recompute(sac=case.recompute.sac))
+    return one, two, checkpointed
+
+
 def variants(case: Case) -> list[tuple[Case, int]]:
     """The few-layer Cases whose step times, so weighted, sum to `case`'s (itself when it is shallow)."""
-    spec, layers, c = case.model, case.model.layers, len(case.checkpointed_layers)
+    layers, c = case.model.layers, len(case.checkpointed_layers)
     if layers <= DIRECT_LAYERS:
         return [(case, 1)]
-    # the plain steps checkpoint nothing: no layer set (its indices are the deep model's), no SAC policy
-    one = replace(case, model=replace(spec, layers=1), every_n_layers=0, offload=False, recompute=Recompute())
-    two = replace(one, model=replace(spec, layers=2))
+    one, two, checkpointed = _few_layer(case)
     out = [(one, 2 - layers - c), (two, layers - 1)]
-    if c:  # one checkpointed layer, as each of the c recomputes, under the candidate's SAC policy (the offload
-        # kind is left out: either offload's trace files the same copies; streamed_hidden_s tells them apart)
-        kept = Recompute(sac=case.recompute.sac)
-        out.append((replace(one, every_n_layers=1, offload=case.offload, recompute=kept), c))
+    if c:  # one checkpointed layer, as each of the c recomputes
+        out.append((checkpointed, c))
     return out
 
 
@@ -55,10 +62,8 @@ def streamed_hidden_s(case: Case, price) -> float:
     c = len(case.checkpointed_layers)
     if not (case.offload and case.recompute.offload == "streamed" and case.device == "cuda" and c):
         return 0.0
-    one = replace(case, model=replace(case.model, layers=1), every_n_layers=0, offload=False, recompute=Recompute())
-    two = replace(one, model=replace(case.model, layers=2))
-    plain_ckpt = replace(one, every_n_layers=1, recompute=Recompute(sac=case.recompute.sac))
-    copies = price(replace(plain_ckpt, offload=True)) - price(plain_ckpt)
+    one, two, checkpointed = _few_layer(case)
+    copies = price(checkpointed) - price(replace(checkpointed, offload=False))
     layer = price(two) - price(one)
     return c * max(0.0, min(copies, layer))
 
