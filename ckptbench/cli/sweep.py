@@ -237,7 +237,13 @@ def cmd_sweep(args) -> int:
                            max_minutes=args.max_minutes, memory_cap=_cap(args), force=args.force, repeats=repeats,
                            parallel=args.parallel, devices=args.devices, retry=args.retry or (),
                            max_attempts=args.max_attempts)
-    rates = functools.cache(lambda: machine_rates(cases))  # measured once, only when it is needed
+    measured: list = []
+
+    def rates(forked: bool = False):  # measured once, only when it is needed
+        if not measured:
+            measured.append(machine_rates(cases, forked))
+        return measured[0]
+
     if args.max_minutes and not args.yes:
         projection = _projection(_still_to_run(cases, out, options), rates())[0]
         if projection is not None and projection.seconds > 60 * args.max_minutes:
@@ -252,9 +258,9 @@ def cmd_sweep(args) -> int:
     plan_text = _plan_file(args.plan)
     plan_state: dict = {}
 
-    def on_start(todo):  # the directory was accepted: say what will run and how long it should take
+    def on_start(todo, forked):  # the directory was accepted: say what will run and how long it should take
         if todo:
-            plan_state["projection"], line = _projection([case for case, _ in todo], rates())
+            plan_state["projection"], line = _projection([case for case, _ in todo], rates(forked))
             times = f" ({len({c.id for c, _ in todo})} points, up to {repeats} times each)" if repeats > 1 else ""
             console.print(f"{len(todo)} runs to do{times}; {line}")
             if suite.attn_note:  # said once the directory is accepted: an error stays one line

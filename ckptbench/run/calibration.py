@@ -14,12 +14,24 @@ from ..theory.duration import Rates, rate_key
 CALIBRATION_TIMEOUT_S = 120
 
 
-def machine_rates(cases: list[Case]) -> tuple[Rates | None, str]:
+def machine_rates(cases: list[Case], forked: bool = False) -> tuple[Rates | None, str]:
     """(rates for every (device, dtype, threads) the cases use, "") or (None, why they could not be had).
-    Nothing is measured for points no FLOP formula describes: their duration is not projected anyway."""
+    Nothing is measured for points no FLOP formula describes: their duration is not projected anyway.
+
+    `forked`: the sweep's fork server is running (it imported torch already), so the probes run in a
+    process forked from it, a fraction of a second; else in a child interpreter, which pays torch's
+    imports (seconds).  The sweep's parent never imports torch either way."""
     keys = sorted({rate_key(c) for c in cases if c.model.analytic})
     if not keys:
         return None, "no FLOP formula for the model type of any point"
+    if forked:
+        from .forkserver import forked_call
+
+        answer = forked_call("ckptbench.measure.rates", "measure_rates", ([list(k) for k in keys],),
+                             CALIBRATION_TIMEOUT_S, "ckptbench-rates")
+        if "error" in answer:
+            return None, f"calibration failed: {answer['error']}"
+        return Rates.from_json(answer), ""
     try:
         proc = subprocess.run([sys.executable, "-m", "ckptbench.measure.rates", json.dumps(keys)],
                               capture_output=True, text=True, timeout=CALIBRATION_TIMEOUT_S)

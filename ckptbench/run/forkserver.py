@@ -54,6 +54,46 @@ def start_fork_server() -> None:
         os.environ.pop(SERVER_PARENT_VAR, None)
 
 
+def _by_name(module: str, name: str, args: tuple):
+    """``module.name(*args)``, in a process forked from the fork server (which has the module loaded)."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+def _call_main(module: str, name: str, args: tuple, conn) -> None:
+    """A process forked from the fork server: ``module.name(*args)``, its answer sent back through `conn` as
+    JSON text (plain data: unpickling a value such as ``torch.__version__`` would import torch in the caller)."""
+    try:
+        conn.send_bytes(json.dumps(_by_name(module, name, args)).encode())
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong is the answer
+        conn.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+    finally:
+        conn.close()
+
+
+def forked_call(module: str, name: str, args: tuple, timeout_s: float, label: str) -> dict:
+    """``module.name(*args)`` (a dict) in a process forked from the fork server, where torch is imported
+    already: a fifth of a second where a child interpreter pays seconds of imports.  Named by strings, so
+    the caller's process imports nothing of it.  {"error": why} when no answer came back."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_main, args=(module, name, args, send), name=label)
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            return {"error": f"no answer after {timeout_s:g} s"}
+        return json.loads(receive.recv_bytes())
+    except EOFError:
+        return {"error": f"the process ended without an answer (exit code {proc.exitcode})"}
+    finally:
+        receive.close()
+        proc.kill()
+        proc.join()
+
+
 class IsolatedRunner:
     """Runs one single-process Case in a worker forked from a preloaded fork server."""
 
@@ -70,8 +110,6 @@ class IsolatedRunner:
         The worker pins itself to `placement`'s cores and sees only its devices; repeats of one Case get
         files of their own, since on several slots they may run at the same time.
         """
-        from .worker import child_main  # the fork server has it loaded; importing here keeps torch out
-
         name = case.id if repeat == 0 else f"{case.id}-{repeat}"
         result_path = os.path.join(work_dir, f"{name}.json")
         log_path = os.path.join(work_dir, f"{name}.log")
@@ -80,8 +118,11 @@ class IsolatedRunner:
             if os.path.exists(stale):
                 os.remove(stale)
         t_submit = time.time()
-        proc = self.ctx.Process(target=child_main, args=(case.to_dict(), result_path, log_path, t_submit, fault,
-                                                         timeout_s, where, memory_cap), name=f"ckptbench-{case.id}")
+        # the worker's entry named, not imported: importing it here would load torch and transformers into
+        # the sweep's parent (seconds, and hundreds of MB) only to pickle a reference the fork server resolves
+        proc = self.ctx.Process(target=_by_name, args=("ckptbench.run.worker", "child_main", (
+            case.to_dict(), result_path, log_path, t_submit, fault, timeout_s, where, memory_cap)),
+            name=f"ckptbench-{case.id}")
         self.current = proc
         proc.start()
         if self.cancelled:  # stopped from another thread while this one was starting the worker

@@ -10,7 +10,6 @@ taken or written is a line saying why, never a failed sweep: ``compare`` then ju
 from __future__ import annotations
 
 import json
-import multiprocessing
 import socket
 import subprocess
 import sys
@@ -30,37 +29,11 @@ def kernel_setting(cases: list[Case]) -> tuple[str, int]:
     return Counter(("cuda" if c.device == "cuda" else "cpu", c.train.threads) for c in cases).most_common(1)[0][0]
 
 
-def _forked_main(device: str, threads: int, conn) -> None:
-    """A process forked from the fork server: one reading, sent back through `conn`."""
-    from ..measure.speed import time_kernel
-
-    try:
-        conn.send(time_kernel(device, threads))
-    except Exception as exc:  # noqa: BLE001 - whatever went wrong is the reading's answer
-        conn.send({"error": f"{type(exc).__name__}: {exc}"})
-    finally:
-        conn.close()
-
-
 def _forked(device: str, threads: int) -> dict:
-    from .forkserver import PRELOAD
+    from .forkserver import forked_call
 
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_forked_main, args=(device, threads, send), name="ckptbench-calibration")
-    proc.start()
-    send.close()
-    try:
-        if not receive.poll(READING_TIMEOUT_S):
-            return {"error": f"no reading after {READING_TIMEOUT_S} s"}
-        return receive.recv()
-    except EOFError:
-        return {"error": f"the reading's process ended without one (exit code {proc.exitcode})"}
-    finally:
-        receive.close()
-        proc.kill()
-        proc.join()
+    return forked_call("ckptbench.measure.speed", "time_kernel", (device, threads), READING_TIMEOUT_S,
+                       "ckptbench-calibration")
 
 
 def _child_interpreter(device: str, threads: int) -> dict:

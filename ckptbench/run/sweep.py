@@ -189,13 +189,13 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
 
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,
               annotate: Callable[[Case, dict], None] | None = None,
-              on_start: Callable[[list[tuple[Case, int]]], None] | None = None,
+              on_start: Callable[[list[tuple[Case, int]], bool], None] | None = None,
               on_running: Callable[[list[Running]], None] | None = None,
               stop: StopRequest | None = None) -> SweepResult:
     """Run the planned Cases not yet in the store; append one record per Case as soon as it ends.
 
     `on_start` sees the (Case, repeat) runs about to start once the directory has been accepted (lock held, no
-    duplicates), so what the CLI says will run is what runs; `on_running` sees the points in flight
+    duplicates), so what the CLI says will run is what runs, and whether the fork server is running; `on_running` sees the points in flight
     whenever one starts or ends; `stop`, set from a signal handler, ends the sweep early (:class:`Stopped`).
     """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
@@ -245,10 +245,10 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     todo, skipped = pending(planned, recorded, options.resume, repeats, options.retry, options.max_attempts)
     attempts = next_attempts(recorded)
     forked = any(case.world_size == 1 for case, _ in todo)
-    if forked:  # first: its imports run while on_start states the plan (the projection's rates are measured
-        start_fork_server()  # beside them); here, in the sweep's main thread, so that it dies with the sweep
+    if forked:  # first, so that on_start can measure the projection's rates in a process forked from it;
+        start_fork_server()  # here, in the sweep's main thread, so that it dies with the sweep
     if on_start is not None:
-        on_start(todo)
+        on_start(todo, forked)
     timeout = options.timeout_s or suite.timeout_s
     host_env = host_part()  # the worker adds the torch half: together, what `ckptbench env --json` prints
     device_bytes = functools.cache(lambda: nvml_total_bytes(0))  # asked once, and only for a CUDA point

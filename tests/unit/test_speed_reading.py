@@ -14,6 +14,7 @@ import sys
 from ckptbench.run import speed_reading
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.machine_speed import READINGS, load_readings, machine_speed
+from tests.conftest import TINY_SUITE
 
 
 def _case(threads: int) -> Case:
@@ -57,19 +58,24 @@ def test_a_torn_last_line_is_skipped(tmp_path):
     assert load_readings(str(tmp_path)) == [{"times_s": [0.03], "at": "start"}]
 
 
-def test_a_forked_reading_leaves_the_sweeps_parent_without_torch(tmp_path):
-    """The readings come back through a pipe, pickled: anything of torch's in them (torch.__version__ is a
-    TorchVersion) would import torch into the sweep's parent when unpickled, seconds of every sweep."""
+def test_a_sweeps_parent_never_imports_torch(tmp_path, write_suite):
+    """The sweep's parent starts workers, takes the calibration readings and measures the projection's
+    rates, all in processes forked from the fork server, and imports neither torch nor transformers itself:
+    the worker's entry is named, not imported, and answers come back as plain data (``torch.__version__``
+    is a TorchVersion, which unpickled would import torch).  Each would cost every sweep seconds."""
+    suite = write_suite(TINY_SUITE.replace("every_n_layers = [0, 1]", "every_n_layers = [0]"))
+    out = tmp_path / "run"
     code = ("import sys, json\n"
-            "from ckptbench.run.speed_reading import take_readings\n"
-            "from ckptbench.spec import Case, TrainSpec, preset\n"
-            "case = Case(model=preset('llama-tiny'), train=TrainSpec(), batch_size=1, seq_len=8)\n"
-            f"notes = take_readings({str(tmp_path)!r}, 'start', [case], forked=True)\n"
-            "print(json.dumps({'notes': notes, 'torch': 'torch' in sys.modules}))\n")
+            "from ckptbench.cli import main\n"
+            f"rc = main(['sweep', '--suite', {suite!r}, '--out', {str(out)!r}])\n"
+            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, "
+            "'transformers': 'transformers' in sys.modules}))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert answer == {"notes": [], "torch": False}
-    readings = load_readings(str(tmp_path))
-    assert len(readings) == speed_reading.READINGS_PER_MOMENT and all(r["times_s"] for r in readings)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "transformers": False}
+    assert "GFLOP/s" in proc.stderr  # the projection's rate was measured (in a forked process)
+    readings = load_readings(str(out))
+    assert len(readings) == 2 * speed_reading.READINGS_PER_MOMENT and all(r["times_s"] for r in readings)
     assert all(type(r["torch"]) is str for r in readings)
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok"]

@@ -108,7 +108,7 @@ def quick_sweep(tmp_path, monkeypatch):
     from ckptbench.run import calibration, sweep
 
     monkeypatch.setattr(sweep, "IsolatedRunner", _FakeRunner)
-    monkeypatch.setattr(calibration, "machine_rates", lambda cases: (None, "not measured in this test"))
+    monkeypatch.setattr(calibration, "machine_rates", lambda cases, forked=False: (None, "not measured in this test"))
     monkeypatch.setattr(sweep, "take_readings", lambda *args, **kwargs: [])  # no calibration kernel either
     suite = tmp_path / "suite.toml"
     suite.write_text(SUITE)

@@ -198,7 +198,7 @@ def test_status_and_resume_never_read_the_timelines(tmp_path, monkeypatch, capsy
             return {"status": "unsupported", "reason": "no worker here", "wall_s": 0.0}
 
     monkeypatch.setattr(sweep, "IsolatedRunner", Runner)
-    monkeypatch.setattr(calibration, "machine_rates", lambda cases: (None, "not measured in this test"))
+    monkeypatch.setattr(calibration, "machine_rates", lambda cases, forked=False: (None, "not measured in this test"))
     monkeypatch.setattr(sweep, "take_readings", lambda *args, **kwargs: [])
     suite = tmp_path / "suite.toml"
     suite.write_text('[suite]\nname = "two"\n[model]\npreset = "llama-tiny"\n[sweep]\nbatch_size = [1]\n'
