@@ -10,7 +10,7 @@ RUN ?= $(if $(SUITE),$(basename $(notdir $(SUITE)))-$(shell date +%Y%m%d-%H%M%S)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test bench docs lint perf gpu-check clean
+.PHONY: install test test-all bench docs lint perf gpu-check clean
 
 install: $(STAMP)
 
@@ -21,10 +21,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-# the tests in one process per core (pytest-xdist), a test module's tests in one process (its fixtures once); the 15 slowest listed
+# the tests in one process per core (pytest-xdist), a test module's tests in one process (its fixtures once); the 15 slowest listed.
+# `make test` leaves out the tests marked slow (each ten seconds or more, its subject also checked by a test that
+# stays; a grid keeps a sample holding every value of every axis); `make test-all`, what CI runs, runs every test
 TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=15
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --durations=15
+	$(PYTEST) -m "not slow"
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 # the documentation site (docs/, mkdocs-material) into site/; --strict: a broken link or a page missing
 # from the navigation fails the build

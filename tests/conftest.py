@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny suites written on the fly, and the GPU skip.
+"""Shared fixtures: tiny suites written on the fly, the GPU skip, and the two tiers of the suite.
+
+``make test`` runs every test not marked ``slow``; ``make test-all`` (what CI runs) runs them all.  A test
+is ``slow`` when it takes ten seconds or more on two cores and what it checks is also checked, at its own
+level, by a test that stays (see docs/troubleshooting.md, "The test suite"); a grid of end-to-end points
+keeps a sample that holds every value of every axis (:func:`covering`) and leaves the rest of the grid slow.
 
 transformers' answers about a model (:mod:`ckptbench.answers`) are kept for the test session in a folder
 of the system's temporary directory, never in the user's own cache; the key holds the code's hash, so an
@@ -27,6 +32,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip)
+
+
+slow = pytest.mark.slow
+
+
+def covering(grid, keep=None, unpack: bool = True) -> list:
+    """`grid` as pytest params: a few points that between them hold every value of every axis run in
+    ``make test``, the rest are marked ``slow``.  Greedy and deterministic: each pick covers the most
+    values not yet held (the earlier point on a tie).  `keep`: the indices to run instead, where one axis
+    alone would keep the whole grid.  `unpack`: each point is the parametrize call's several arguments
+    (else one argument, a tuple, whose items are the axes)."""
+    rows = [p if isinstance(p, tuple) else (p,) for p in grid]
+    if keep is None:
+        keep = set()
+        uncovered = {(i, repr(v)) for r in rows for i, v in enumerate(r)}
+        while uncovered:
+            k = max(range(len(rows)), key=lambda k: (len({(i, repr(v)) for i, v in enumerate(rows[k])} & uncovered), -k))
+            keep.add(k)
+            uncovered -= {(i, repr(v)) for i, v in enumerate(rows[k])}
+    out = []
+    for k, (point, row) in enumerate(zip(grid, rows)):
+        args = row if unpack else (point,)
+        out.append(pytest.param(*args) if k in keep else pytest.param(*args, marks=slow))
+    return out
 
 
 TINY_SUITE = """

@@ -19,7 +19,7 @@ from ckptbench.spec import Case, Recompute, TrainSpec, preset
 from ckptbench.store.validate import record_problem
 from ckptbench.theory.annotate import annotate_record
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: inductor compiles, cold cache (57 s)
 
 MODEL = preset("llama-tiny", attn="sdpa")
 

@@ -11,7 +11,7 @@ from ckptbench.spec import Case, Recompute, TrainSpec, preset
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.train.checkpointing import pinned_memory_error
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: two DDP ranks offloading (13 s)
 
 
 @pytest.mark.skipif(pinned_memory_error() is None, reason="this torch build can pin host memory")

@@ -93,6 +93,7 @@ def assert_rank_memory_exact(m: dict, c: Case) -> None:
     assert exact >= 1  # the composition is the step's memory, not a bound on it
 
 
+@pytest.mark.slow
 def test_world_3_pads_and_stays_exact(runs_w3):
     c = WORLD_3["none-w3"]
     m, comm = runs_w3["none-w3"], fsdp_case_comm(c)

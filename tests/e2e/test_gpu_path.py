@@ -48,6 +48,7 @@ def test_max_minutes_tiny_budget_records_cases_as_skipped(write_suite, tmp_path)
     assert all("--max-minutes 0.0001" in r["reason"] for r in records if r["status"] == "skipped")
 
 
+@pytest.mark.slow
 def test_deadline_passes_during_the_first_case_then_resume_runs_the_rest(write_suite, tmp_path):
     suite = load_suite(write_suite(THREE))
     first = suite.cases[0]
@@ -80,6 +81,7 @@ def test_cpu_record_has_the_ideal_ratio_but_no_utilisation(write_suite, tmp_path
                for m in by_n.values())
 
 
+@pytest.mark.slow
 def test_gpu_check_script_on_cpu(tmp_path, write_suite):
     suite = write_suite(THREE.replace("[0, 1, 2]", "[0, 1]"), name="two.toml")
     env = {**os.environ, "ALLOW_CPU": "1", "SUITE": suite, "MAX_MINUTES": "2", "PYTHON": sys.executable}

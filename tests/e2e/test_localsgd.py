@@ -108,6 +108,7 @@ def test_accelerate_sync_is_one_allreduce_per_tensor_plus_barrier(accelerate_run
     assert accelerate_runs["k4"]["summary"]["collectives_per_sync"] == param_bytes[1] + 1
 
 
+@pytest.mark.slow
 def test_torch_averager_is_one_collective_per_sync(averager_runs, accelerate_runs, param_bytes):
     m = averager_runs["k4"]
     assert m["summary"]["collectives_per_sync"] == 1
@@ -133,6 +134,7 @@ def test_result_shape(accelerate_runs):
         assert key in step
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_whole_group(tmp_path):
     import subprocess
     import time

@@ -16,7 +16,7 @@ from ckptbench.spec import Case, DataSpec, TrainSpec, preset
 from ckptbench.store.records import RecordStore
 from tests.e2e.report_html import Page
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: a training run to a held-out loss (31 s)
 
 STEPS = 16
 TEXT = DataSpec(source="stdlib", eval_every=4, eval_batches=4)

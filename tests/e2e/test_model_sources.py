@@ -56,6 +56,7 @@ def _check_run(out: str) -> None:
         assert r["estimate_source"] == "simulation" and r["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_a_config_file_suite_runs_the_users_architecture_shrunk(tmp_path):
     (tmp_path / "mistral").mkdir()
     (tmp_path / "mistral" / "config.json").write_text(json.dumps(MISTRAL_7B))
@@ -68,6 +69,7 @@ def test_a_config_file_suite_runs_the_users_architecture_shrunk(tmp_path):
     _check_run(str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_a_hub_suite_reads_the_cached_config_offline_and_names_what_is_missing(tmp_path):
     cache = tmp_path / "hub"
     snapshot = cache / "models--mistralai--Mistral-7B-v0.1" / "snapshots" / "abc123"

@@ -13,7 +13,7 @@ from ckptbench.run.launch import free_port, run_distributed_cases
 from ckptbench.run.nodes import Nodes
 from ckptbench.spec import Case, DataSpec, TrainSpec, preset
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: two hosts of torchrun groups (95 s)
 
 TRAIN = TrainSpec(steps=7, warmup_steps=1, memory_steps=1, seed=0, threads=1, lr=3e-3)
 DATA = DataSpec(source="stdlib", eval_every=4, eval_batches=4)

@@ -16,7 +16,7 @@ from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: parallel slots and local jobs (94 s)
 
 SMOKE = str(pathlib.Path(__file__).resolve().parents[2] / "suites" / "smoke.toml")
 

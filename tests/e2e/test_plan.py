@@ -32,6 +32,7 @@ def _suite(name: str, batches: list[int], every_n: list[int], extra: str = "") -
             f"[sweep]\nbatch_size = {batches}\nseq_len = [{SEQ}]\nevery_n_layers = {every_n}\n")
 
 
+@pytest.mark.slow
 def test_the_largest_batch_the_planner_allows_is_the_largest_that_fits(tmp_path, write_suite):
     spec = preset("llama-small")
     options = {(o.every_n_layers, o.offload): o.max_batch
@@ -80,6 +81,7 @@ def test_plan_for_an_8b_model_on_a_card_recommends_and_states_its_assumptions():
     assert any(line.startswith("assumed: ") and "datasheet NVIDIA H200 bf16" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_verify_runs_the_recommendation_and_its_neighbours_beside_their_predicted_step_times(tmp_path):
     cmd = [sys.executable, "-m", "ckptbench", "plan", "--model", "llama-tiny", "--device", "cpu", "--memory",
            "0.005GiB", "--seq", "64", "--verify", "--out", str(tmp_path / "run"), "--rates-dir", str(tmp_path / "rates")]
@@ -105,6 +107,7 @@ def test_verify_runs_the_recommendation_and_its_neighbours_beside_their_predicte
     assert section.count("<tr><td>") == len(records)  # one row per measured point
 
 
+@pytest.mark.slow
 def test_an_ordinary_sweep_given_the_plan_sets_each_predicted_point_beside_its_prediction(tmp_path, write_suite):
     from ckptbench.report.plan_section import predicted_vs_measured
 

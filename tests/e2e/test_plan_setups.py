@@ -21,7 +21,8 @@ from ckptbench.theory.fsdp import in_flight_allowance
 from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
 from ckptbench.theory.simulate import simulate
 
-pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
+# make test-all only: planner boundaries for LoRA and FSDP by sweep (55 s)
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 SEQ = 128

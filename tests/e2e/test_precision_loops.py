@@ -14,6 +14,7 @@ from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, preset
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.loop_step import LoopStep
 from ckptbench.theory.simulate import simulate
+from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +48,7 @@ GRID = [(name, "bf16-mixed", loop, n, off) for name in ("llama-tiny", "qwen2-tin
 GRID += [("llama-tiny", "fp32", loop, n, off) for loop in ("trainer", "accelerate") for n, off in STRATEGIES]
 
 
-@pytest.mark.parametrize("point", GRID, ids=lambda p: "-".join(map(str, p)))
+@pytest.mark.parametrize("point", covering(GRID, unpack=False), ids=lambda p: "-".join(map(str, p)))
 def test_measured_step_equals_the_simulated_one_to_the_byte(point):
     case = _case(*point)
     m = measure(case)

@@ -47,6 +47,7 @@ def test_repeats_are_interleaved_identical_in_memory_and_pooled_in_time(tmp_path
         assert record["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_resume_adds_the_missing_repeats_only(tmp_path, write_suite):
     suite = load_suite(write_suite())
     out = str(tmp_path / "run")

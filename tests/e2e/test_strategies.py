@@ -12,6 +12,7 @@ import pytest
 from ckptbench.run.worker import measure
 from ckptbench.spec import Case, Recompute, Setup, TrainSpec, preset
 from ckptbench.theory.annotate import annotate_record
+from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e
 
@@ -32,6 +33,7 @@ LAYER_SET_POINTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", list(LAYER_SET_POINTS), ids=lambda p: f"{p[0]}-{'offload' if p[1] else ''}-{p[2]}")
 def test_a_layer_set_is_checkpointed_as_asked_and_estimated_exactly(point):
     layers, offload, loop = point
@@ -60,7 +62,7 @@ SAC_POINTS = {
 }
 
 
-@pytest.mark.parametrize("point", list(SAC_POINTS), ids="-".join)
+@pytest.mark.parametrize("point", covering(list(SAC_POINTS), unpack=False), ids="-".join)
 def test_a_sac_policy_measured_equals_its_simulated_step(point):
     attn, sac, loop = point
     case = Case(model=preset("llama-tiny", attn=attn), train=TrainSpec(warmup_steps=1, steps=1), batch_size=1,

@@ -20,7 +20,8 @@ from ckptbench.train.checkpointing import enable_checkpointing, offload_for
 from ckptbench.train.models import build_model, synthetic_batch
 from tests.e2e.test_strategies import LLAMA, judged  # the strategy tests' model, measured and judged as there
 
-pytestmark = pytest.mark.e2e
+# make test-all only: streamed offload = transformers offload, two sweeps each (70 s)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 # (layers, loop) -> the measured peak, bytes (llama-tiny fp32 eager, batch 1, seq 1024): transformers'

@@ -124,6 +124,7 @@ def _wait_for_records(path: str, k: int, proc: subprocess.Popen, limit_s: float 
     raise AssertionError(f"no {k} records in {limit_s} s")
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_runs_every_case_exactly_once(tmp_path, write_suite):
     """Killed early (after the first record), then, resumed, killed late (after the fourth): the records
     are valid after each kill, and the last resume runs every Case exactly once."""
@@ -145,6 +146,7 @@ def test_sigkill_then_resume_runs_every_case_exactly_once(tmp_path, write_suite)
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_records_and_says_how_to_resume(tmp_path, write_suite):
     path = write_suite(SIX)
     out = str(tmp_path / "run")
@@ -159,6 +161,7 @@ def test_ctrl_c_keeps_finished_records_and_says_how_to_resume(tmp_path, write_su
     assert all(r["status"] == "ok" for r in loaded.records)
 
 
+@pytest.mark.slow
 def test_sigterm_says_how_many_points_are_done_and_exits_143_with_valid_records(tmp_path, write_suite):
     path = write_suite(SIX)
     out = str(tmp_path / "run")
@@ -185,6 +188,7 @@ def test_cuda_suite_on_a_machine_without_cuda_is_recorded_unsupported(tmp_path, 
     assert all(r["status"] == "unsupported" and "no CUDA device" in r["reason"] for r in records)
 
 
+@pytest.mark.slow
 def test_a_different_suite_may_not_write_into_a_run(tmp_path, write_suite):
     out = str(tmp_path / "run")
     first = load_suite(write_suite(SIX.replace("batch_size = [1, 2]", "batch_size = [1]"), "a.toml"))
@@ -201,6 +205,7 @@ def test_a_different_suite_may_not_write_into_a_run(tmp_path, write_suite):
         assert fh.read() == grown.text
 
 
+@pytest.mark.slow
 def test_shards_started_together_share_one_output(tmp_path, write_suite):
     path = write_suite(SIX)
     out = str(tmp_path / "run")
@@ -259,6 +264,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_sweep_alone_takes_the_fork_server_and_worker_with_it(tmp_path, write_suite):
     """The sweep's main process is killed alone while a worker hangs: nothing of the sweep survives it by
     more than a second (the kernel kills the fork server and the worker; waiting for the fork server to
@@ -308,6 +314,7 @@ def test_a_worker_whose_parent_is_gone_ends_after_its_own_timeout(tmp_path):
     assert proc.exitcode == -signal.SIGALRM and time.monotonic() - start < 15
 
 
+@pytest.mark.slow
 def test_a_shard_of_another_suite_is_refused_while_a_shard_of_this_one_runs(tmp_path, write_suite):
     """Shards 1/2 and 2/2 share no point, but of two different suites they would mix two experiments in
     one directory (no record is written yet to tell): the second is refused at start, in one line."""

@@ -12,7 +12,7 @@ import pytest
 from ckptbench.measure.interval import ranks
 from ckptbench.store.records import load_records
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: timing to a precision, several sweeps (19 s)
 
 SUITE = """
 [suite]

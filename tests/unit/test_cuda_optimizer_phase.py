@@ -25,6 +25,7 @@ def test_the_simulated_cuda_optimizer_step_equals_the_analytic_one(dtype, seq):
     assert sim.peak_bytes - cpu.peak_bytes > 0.8 * sim.params_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_simulated_and_analytic_plans_agree_on_a_card_where_the_optimizer_step_is_the_peak():
     from concurrent.futures import ProcessPoolExecutor

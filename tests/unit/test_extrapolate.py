@@ -67,6 +67,7 @@ def _hardware(r) -> int:
     (8, 0, False, 2, SEQ), (8, 1, False, 5, SEQ), (9, 3, True, 4, SEQ), (9, 9, False, 2, SEQ),
     (10, 4, True, 1, SEQ), (9, 2, False, 1, 200), (8, 1, True, 1, 700),  # batch 1 at lengths not fitted
 ])
+@pytest.mark.slow
 def test_extrapolated_step_equals_the_full_simulation(llama_cuda, layers, n, offload, batch, seq):
     real = _full(LLAMA, layers, n, offload, batch, seq, "cuda")
     peak, moment = llama_cuda.fit_for(offload, batch, seq).peak(layers, checkpointed_layers(layers, n), batch, seq)
@@ -77,6 +78,7 @@ def test_extrapolated_step_equals_the_full_simulation(llama_cuda, layers, n, off
         assert got == _hardware(real)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers,n,batch", [(7, 0, 3), (11, 3, 6), (6, 6, 1), (12, 1, 1)])
 def test_a_model_without_an_analytic_estimate_extrapolates_exactly(qwen3_cpu, layers, n, batch):
     real = _full(QWEN3, layers, n, False, batch, SEQ, "cpu")
@@ -85,6 +87,7 @@ def test_a_model_without_an_analytic_estimate_extrapolates_exactly(qwen3_cpu, la
     assert predict.hardware_flops(layers, checkpointed_layers(layers, n), batch, SEQ) == _hardware(real)
 
 
+@pytest.mark.slow
 def test_the_planner_predictor_answers_full_depth_cases(qwen3_cpu):
     from ckptbench.spec import Case, TrainSpec
 
@@ -118,6 +121,7 @@ def test_fit_recovers_an_affine_model_and_refuses_one_that_is_not():
         fit(_synthetic(lambda L, c, b: 1000 + 77 * L * L + b * 300), s_degree=0)
 
 
+@pytest.mark.slow
 def test_real_steps_perturbed_by_a_term_the_layers_do_not_explain_are_refused(qwen3_cpu):
     batched = [o for o in qwen3_cpu.observations if o.batch >= 2]
     assert fit(batched, s_degree=0).coefficients  # as simulated, they fit

@@ -11,6 +11,7 @@ estimate counts all three.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 
@@ -19,6 +20,7 @@ from ckptbench.theory import estimate as est_mod
 from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.simulate import simulate
+from tests.conftest import covering
 
 MIXED = Setup(autocast="bf16")
 SHAPES = [(8, 64), (1, 512)]  # parameter-bound (the loss's N·V) and activation-bound (a layer's moments)
@@ -50,18 +52,15 @@ def _misses(spec, batch, seq, every_n, offload, device="cpu") -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "qwen2-tiny"])
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("every_n", [0, 1, 2])
-@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("offload, every_n, attn, name", covering(list(itertools.product(
+    [False, True], [0, 1, 2], ["eager", "sdpa"], ["llama-tiny", "qwen2-tiny"]))))
 def test_bf16_mixed_estimate_is_the_simulated_step_to_the_byte_on_cpu(name, attn, every_n, offload):
     spec = preset(name, attn=attn, max_positions=4096)
     for batch, seq in SHAPES:
         assert _misses(spec, batch, seq, every_n, offload) == [], (batch, seq)
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "qwen2-tiny"])
-@pytest.mark.parametrize("every_n", [1, 2])
+@pytest.mark.parametrize("every_n, name", covering(list(itertools.product([1, 2], ["llama-tiny", "qwen2-tiny"]))))
 def test_offload_to_the_host_of_a_cuda_device_is_accounted_to_the_byte(name, every_n):
     """The simulation moves each checkpointed fp32 input to the host between its layer's forward and
     backward, as save_on_cpu does; the estimate's device and host columns must follow it."""
@@ -76,7 +75,7 @@ OTHER = [ModelSpec(family=f, hidden=320, layers=3, heads=10, kv_heads=5, interme
          (("llama", "eager", True), ("qwen2", "sdpa", False), ("qwen2", "eager", True), ("llama", "sdpa", False))]
 
 
-@pytest.mark.parametrize("spec", OTHER, ids=lambda s: f"{s.family}-{s.attn}-{'tied' if s.tie_embeddings else 'untied'}")
+@pytest.mark.parametrize("spec", covering(OTHER, keep={0}, unpack=False), ids=lambda s: f"{s.family}-{s.attn}-{'tied' if s.tie_embeddings else 'untied'}")
 def test_other_dimensions_and_a_tied_head_are_exact_too(spec):
     for batch, seq, every_n in ((2, 300, 0), (1, 1024, 1), (3, 100, 2)):
         assert _misses(spec, batch, seq, every_n, False) == [], (batch, seq, every_n)

@@ -40,6 +40,7 @@ def test_models_lists_every_preset():
     assert "mistral-7b     mistral          32   4096     7.24B  simulation" in proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_form_writes_its_suite_and_a_rerun_of_it_resumes(tmp_path):
     out = tmp_path / "run"
     quick = [sys.executable, "-m", "ckptbench", "sweep", "--model", "mistral-7b", "--layers", "2", "--hidden", "64",
@@ -59,6 +60,7 @@ def test_quick_form_writes_its_suite_and_a_rerun_of_it_resumes(tmp_path):
     assert both.returncode == 2 and "give --suite FILE, or --model NAME" in both.stderr
 
 
+@pytest.mark.slow
 def test_quick_form_names_its_run_a_plain_directory_name_whatever_the_model_path(tmp_path, monkeypatch):
     from ckptbench.cli.quick import run_name
 
@@ -76,6 +78,7 @@ def test_quick_form_names_its_run_a_plain_directory_name_whatever_the_model_path
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_estimate_of_a_model_without_an_analytic_estimate_is_its_simulated_step():
     proc = subprocess.run([sys.executable, "-m", "ckptbench", "estimate", "--model", "mistral-7b", "--batch", "1",
                            "--seq", "1024", "--dtype", "bf16", "--every-n-layers", "1"],

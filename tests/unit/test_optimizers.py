@@ -188,6 +188,7 @@ def test_foreach_holds_a_copy_of_every_parameter_where_the_loop_holds_two_of_the
     assert simulated("llama-tiny", "fp32", "adamw").peak_bytes == loop.peak_bytes  # torch's CPU choice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adafactor"])
 def test_extrapolated_step_equals_the_full_simulation(optimizer):
     """SGD allocates nothing in its step (no optimizer moment to fit); Adafactor's per-parameter loop runs

@@ -14,6 +14,7 @@ would see (``tests/e2e/test_peak_measured.py`` checks that on real runs).  Three
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -22,6 +23,7 @@ from ckptbench.spec import preset
 from ckptbench.theory import estimate as est_mod
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.simulate import simulate
+from tests.conftest import covering
 
 MODEL_ACCURACY = 0.01
 SHAPES = [(8, 64), (1, 4096)]  # (batch, seq)
@@ -36,10 +38,8 @@ def estimated(name: str, dtype: str, attn: str, every_n: int, batch: int, seq: i
     return estimate(preset(name, dtype=dtype, attn=attn, max_positions=4096), batch, seq, every_n)
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "qwen2-tiny", "gpt2-tiny"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("every_n", [0, 2, 1])
+@pytest.mark.parametrize("every_n, attn, dtype, name", covering(list(itertools.product(
+    [0, 2, 1], ["eager", "sdpa"], ["fp32", "bf16"], ["llama-tiny", "qwen2-tiny", "gpt2-tiny"]))))
 def test_peak_within_model_accuracy_of_the_simulated_step(name, dtype, attn, every_n):
     for batch, seq in SHAPES:
         sim = simulated(name, dtype, attn, every_n, batch, seq)

@@ -32,6 +32,7 @@ def test_the_worst_measured_point_replaces_the_defaults():
     assert measured_margins([]) == (None, None, 0)
 
 
+@pytest.mark.slow
 def test_plan_from_a_run_says_the_margins_were_measured(tmp_path):
     store = RecordStore(str(tmp_path / "gpu"))
     store.ensure()

@@ -82,6 +82,7 @@ def sac_fit():
                                          recompute=Recompute(sac=SAC)))
 
 
+@pytest.mark.slow
 def test_the_sac_fit_is_the_full_depth_simulation_to_the_byte(sac_fit):
     spec, fitted = sac_fit
     deep = replace(spec, layers=7)
@@ -91,6 +92,7 @@ def test_the_sac_fit_is_the_full_depth_simulation_to_the_byte(sac_fit):
         assert fitted.peak(case) == simulate(deep, batch, 64, n, recompute=Recompute(sac=SAC)).peak_bytes
 
 
+@pytest.mark.slow
 def test_plan_ranks_sac_with_the_others_and_its_largest_batch_is_the_simulated_boundary(sac_fit):
     spec, fitted = sac_fit
     deep = replace(spec, layers=6)

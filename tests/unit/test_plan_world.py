@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.network import LINKS, allreduce_s
@@ -39,6 +41,7 @@ def test_the_link_costs_a_ring_all_reduce_of_the_gradients_every_step_or_the_par
     assert comm_seconds(_case(1), Assumptions(**H200), Analytic()) == 0.0  # one rank sends nothing
 
 
+@pytest.mark.slow
 def test_plan_writes_a_self_contained_page(tmp_path):
     page = tmp_path / "plan.html"
     proc = subprocess.run([sys.executable, "-m", "ckptbench", "plan", "--model", "llama-8b", "--device", "h200",

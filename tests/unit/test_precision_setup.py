@@ -96,6 +96,7 @@ def test_nothing_fits_names_the_activations_when_the_state_fits():
     assert "and the activations need" in why and "do not fit before" not in why
 
 
+@pytest.mark.slow
 def test_the_commands_default_to_bf16_mixed_and_say_why_the_simulation_answers():
     # bf16-mixed Llama on a CPU has analytic terms; GPT-2's mixed step is simulated, and says so
     out = subprocess.run([sys.executable, "-m", "ckptbench", "estimate", "--model", "llama-tiny", "--batch", "1",

@@ -96,6 +96,7 @@ def big_run(tmp_path_factory):
     return write_run(str(tmp_path_factory.mktemp("big") / "run"), N)
 
 
+@pytest.mark.slow
 def test_a_large_run_renders_a_bounded_page_with_every_failing_check(big_run, tmp_path):
     loaded = load_records(big_run)
     assert len(loaded.records) == N and not loaded.problems
@@ -293,6 +294,7 @@ def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monk
         store_compare.compare_paths(old, str(tmp_path / "bad_new"))
 
 
+@pytest.mark.slow
 def test_a_run_with_timelines_beside_its_records_parses_only_those_it_draws(tmp_path, monkeypatch):
     """Records stay small and are read without their timelines; the report parses a line per series drawn."""
     from ckptbench.store import timelines as tl_store

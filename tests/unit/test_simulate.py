@@ -48,6 +48,7 @@ def test_simulated_offload_is_phase_aware():
         assert (est.peak_phase, est.peak_bytes) == (sim.peak_phase, sim.peak_bytes)
 
 
+@pytest.mark.slow
 def test_llama_8b_shape_full_checkpointing_bf16():
     """hidden 4096, 32 layers, bf16, b=1, s=2048, every layer: a few seconds on 2 CPU cores."""
     spec = preset("llama-8b", dtype="bf16")

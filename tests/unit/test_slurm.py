@@ -143,6 +143,7 @@ setup = ["{touch} {marker}", "{touch} {marker}-too"]
 """
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_a_local_sweep_says_once_that_it_ignores_setup_and_runs_none_of_it(tmp_path):
     marker = tmp_path / "setup-ran"

@@ -275,6 +275,7 @@ def _huge_suite() -> str:
             f"seq_len = {axis(2, 1002)}\n")  # 1,000,000 points
 
 
+@pytest.mark.slow
 def test_a_million_point_sweep_is_counted_not_listed_and_runs_only_with_yes(write_suite, tmp_path):
     # the subprocess timeouts are the only clocks here: a plan of 10**6 points is counted, projected and
     # refused in seconds (the first version took 64 s to print 10**6 lines)
