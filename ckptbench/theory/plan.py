@@ -299,6 +299,11 @@ def recommendation(options: list[Option]) -> str:
             why.append(f"it recomputes {second.recompute_flops_share:.0%} of its FLOPs")
         if second.offload and not best.offload:
             why.append("its offload copies cost time")
+        if not why and second.max_batch > best.max_batch:
+            why.append(f"batch {second.max_batch} fits, but its predicted step is slower per token")
+        if not why and second.peak_bytes and best.peak_bytes:  # as fast: what tells them apart is memory
+            why.append(f"it peaks at {second.peak_bytes / 2**30:.2f} GiB at batch {second.max_batch}, "
+                       f"{best.strategy} at {best.peak_bytes / 2**30:.2f} GiB")
         line += (f"; runner-up {second.strategy} at batch {second.max_batch}, "
                  f"{second.tokens_per_s / best.tokens_per_s:.2f}× as fast" + (f" ({'; '.join(why)})" if why else ""))
     return line

@@ -90,3 +90,22 @@ def test_the_plan_page_titles_the_card_precision_and_memory_and_draws_from_zero(
     title = page[page.index("<h1>"):page.index("</h1>")]
     assert "bf16" in title and "79.19 GiB on NVIDIA H100 80GB HBM3" in title and "seq 4096" in title
     assert page.count("<tr") - 1 == len(to_dict(options, a)["rows"]) < len(options)
+
+
+def test_a_runner_up_as_fast_says_what_tells_it_apart():
+    """No recompute, no offload, the same batch: the runner-up differs in memory, and the line says so; one
+    that fits a larger batch yet is slower says that."""
+    from ckptbench.theory.plan import Option, recommendation
+
+    gib = 2**30
+    best = Option("none", 0, False, 4, None, peak_bytes=70 * gib, step_s=1.0, tokens_per_s=1000.0)
+    twin = Option("every-16", 16, False, 4, None, peak_bytes=66 * gib, step_s=1.0, tokens_per_s=1000.0)
+    line = recommendation([best, twin])
+    assert line.endswith("runner-up every-16 at batch 4, 1.00× as fast (it peaks at 66.00 GiB at batch 4, "
+                         "none at 70.00 GiB)")
+    bigger = Option("every-16", 16, False, 6, None, peak_bytes=75 * gib, step_s=1.6, tokens_per_s=960.0)
+    assert recommendation([best, bigger]).endswith("0.96× as fast (batch 6 fits, but its predicted step is slower "
+                                                   "per token)")
+    recomputes = Option("every-2", 2, False, 6, None, peak_bytes=60 * gib, step_s=1.8, tokens_per_s=900.0,
+                        recompute_flops_share=0.1)
+    assert recommendation([best, recomputes]).endswith("(it recomputes 10% of its FLOPs)")
