@@ -80,7 +80,12 @@ def forked_call(module: str, name: str, args: tuple, timeout_s: float, label: st
     ctx.set_forkserver_preload(PRELOAD)
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_call_main, args=(module, name, args, send), name=label)
-    proc.start()
+    try:
+        proc.start()
+    except (OSError, EOFError, ValueError) as exc:  # the fork server is gone: no answer, said so
+        receive.close()
+        send.close()
+        return {"error": f"could not start a process from the fork server: {type(exc).__name__}: {exc}"}
     send.close()
     try:
         if not receive.poll(timeout_s):
