@@ -196,7 +196,8 @@ def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, in
 
     `on_start` sees the (Case, repeat) runs about to start once the directory has been accepted (lock held, no
     duplicates), so what the CLI says will run is what runs, and whether the fork server is running;
-    `on_running` sees the points in flight whenever one starts or ends; `stop`, set from a signal handler, ends the sweep early (:class:`Stopped`).
+    `on_running` sees the points in flight whenever one starts or ends; `stop`, set from a signal handler,
+    ends the sweep early (:class:`Stopped`).
     """
     if os.path.exists(options.out_dir) and not os.path.isdir(options.out_dir):
         raise UsageError(f"--out {options.out_dir} is a file, not a results directory")
