@@ -2,8 +2,9 @@
 
 Measured, not looked up: a CPU's matmul rate depends on its vector units, the BLAS torch was built with
 and the thread count a suite sets, and no table knows them.  Each probe runs for about a tenth of a second.
-Run as ``python -m ckptbench.measure.rates '[["cpu", "fp32", 1]]'``, it prints one JSON object; the
-sweep's parent (which never imports torch) runs it that way.
+:func:`measure_rates` runs in a process forked from the sweep's fork server; without one, as
+``python -m ckptbench.measure.rates '[["cpu", "fp32", 1]]'``, which prints one JSON object (the sweep's
+parent never imports torch).
 """
 
 from __future__ import annotations

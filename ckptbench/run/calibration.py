@@ -1,4 +1,5 @@
-"""Measure this machine's rates in a child interpreter, so the sweep's parent never imports torch."""
+"""Measure this machine's rates away from the sweep's parent, which never imports torch: in a process forked
+from the fork server, or in a child interpreter where there is none."""
 
 from __future__ import annotations
 
