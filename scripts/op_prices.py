@@ -1,0 +1,85 @@
+"""Each op's price in the step-time model beside the same op's own time inside the real step.
+
+    python scripts/op_prices.py PRESET LAYERS BATCH SEQ EVERY_N [--rates-dir DIR]
+
+The step is traced on fake tensors and priced at op rates timed here (as a sweep's worker prices its own
+step: :func:`ckptbench.run.steptime.measured_rates`, kept in DIR); then the real step (the manual loop,
+AdamW, sdpa, 1 thread, checkpointing through transformers' API) is timed three times and profiled twice
+with ``torch.profiler``, whose self CPU time per op is what the op cost where it ran.  Rows are sorted by
+the gap between the two.  A composite op (``clone``, ``zeros``) is priced whole but profiled in its parts
+(``copy_``, ``fill_``): compare sums, not single rows, for those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("preset")
+    p.add_argument("layers", type=int)
+    p.add_argument("batch", type=int)
+    p.add_argument("seq", type=int)
+    p.add_argument("every_n", type=int)
+    p.add_argument("--rates-dir", default="/tmp/ckptbench-op-prices")
+    args = p.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ckptbench.run.ratecache import RateCache, machine_facts
+    from ckptbench.run.steptime import measured_rates
+    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.theory.optrace import trace_case
+    from ckptbench.theory.steptime import entry_seconds, step_cost
+    from ckptbench.train.checkpointing import enable_checkpointing
+    from ckptbench.train.models import build_model, synthetic_batch
+
+    torch.set_num_threads(1)
+    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
+    case = Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
+                every_n_layers=args.every_n)
+    entries = trace_case(case)
+    rates, _ = measured_rates(case, entries, RateCache(args.rates_dir, machine_facts("cpu", 1)))
+    cost = step_cost(entries, rates)
+    priced: collections.Counter = collections.Counter()
+    for e in entries:
+        op = str(e["op"])
+        op = "aten::" + op.split(".")[1] if op.startswith("aten.") else op
+        priced[op] += sum(e["counts"].values()) * entry_seconds(e, rates)[0]
+
+    model = build_model(spec)
+    enable_checkpointing(model, args.every_n, False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = synthetic_batch(spec.vocab, args.batch, args.seq, 0)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            step()
+    inside: collections.Counter = collections.Counter()
+    for ev in prof.key_averages():
+        inside[ev.key] += ev.self_cpu_time_total / 1e6 / 2
+    print(f"{case.model.label} {case.strategy} b{args.batch} s{args.seq}: step median {statistics.median(times):.4f} s "
+          f"(3 timed), predicted {cost.seconds:.4f} s (kernels {cost.kernel_s:.4f}, framework {cost.framework_s:.4f})")
+    print(f"{'op':58s} {'priced s':>9s} {'in step s':>9s}")
+    for op in sorted(set(priced) | set(inside), key=lambda k: -abs(priced.get(k, 0) - inside.get(k, 0)))[:30]:
+        print(f"{op[:58]:58s} {priced.get(op, 0):9.4f} {inside.get(op, 0):9.4f}")
+
+
+if __name__ == "__main__":
+    main()
