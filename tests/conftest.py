@@ -45,12 +45,13 @@ def covering(grid, keep=None, unpack: bool = True) -> list:
     (else one argument, a tuple, whose items are the axes)."""
     rows = [p if isinstance(p, tuple) else (p,) for p in grid]
     if keep is None:
+        values = [{(i, repr(v)) for i, v in enumerate(r)} for r in rows]  # (axis, value) pairs of each point
         keep = set()
-        uncovered = {(i, repr(v)) for r in rows for i, v in enumerate(r)}
+        uncovered = set().union(*values)
         while uncovered:
-            k = max(range(len(rows)), key=lambda k: (len({(i, repr(v)) for i, v in enumerate(rows[k])} & uncovered), -k))
+            k = max(range(len(rows)), key=lambda k: (len(values[k] & uncovered), -k))
             keep.add(k)
-            uncovered -= {(i, repr(v)) for i, v in enumerate(rows[k])}
+            uncovered -= values[k]
     out = []
     for k, (point, row) in enumerate(zip(grid, rows)):
         args = row if unpack else (point,)
