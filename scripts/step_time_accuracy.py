@@ -4,9 +4,10 @@
 
 Every point runs through the product's own sweep, one sweep per point: a fresh worker builds the model,
 runs its warm-up, memory and timed steps, then predicts its own step time
-(:func:`ckptbench.run.steptime.predict`): the ops its memory step ran, each priced at a rate timed right
-there, after the steps, in the same process and the same conditions (each point's sweep has its own rate
-cache, so no point reuses a rate timed beside another point's steps).  No training step is timed to calibrate anything: the rates are operator microbenchmarks and
+(:func:`ckptbench.run.steptime.predict`): the ops its memory step ran, each priced at its median over the
+rounds of op timings made between the point's own timed steps (:mod:`ckptbench.run.raterounds`), in the
+same process and the same conditions (each point's sweep has its own rate cache, so no point reuses a rate
+timed beside another point's steps).  No training step is timed to calibrate anything: the rates are operator microbenchmarks and
 the framework's time per op is probed on the architecture shrunk to no work (heads 4 wide, a 64-token
 vocabulary, 16 tokens), whose widths, batch and sequence no point of the grid has, so every point is held
 out.

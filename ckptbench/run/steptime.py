@@ -133,15 +133,18 @@ def _probe(case: Case, price) -> _ProbeSchedule:
     return schedule
 
 
-def _timed(entries: list[dict], cache: RateCache, device: str) -> tuple[dict[str, float], int]:
-    """key -> seconds for every entry that can be timed, timing here those the cache lacks."""
+def _timed(entries: list[dict], cache: RateCache, device: str,
+           fresh: dict[str, float] | None = None) -> tuple[dict[str, float], int]:
+    """key -> seconds for every entry that can be timed: from `fresh` (timed between the point's steps),
+    else the cache, else timed here."""
     from ..measure.oprates import time_entry
 
-    found, new = {}, {}
+    fresh = fresh or {}
+    found, new = {}, dict(fresh)
     for e in entries:
         if e["kind"] == "view":
             continue
-        seconds = cache.entry(e["key"])
+        seconds = fresh.get(e["key"], cache.entry(e["key"]))
         if seconds is None and e["key"] not in new:
             seconds = new[e["key"]] = time_entry(e, device)
         if seconds is not None:
@@ -191,12 +194,14 @@ def framework_time(case: Case, cache: RateCache) -> dict:
     return found
 
 
-def measured_rates(case: Case, entries: list[dict], cache: RateCache) -> tuple[Rates, dict]:
-    """The Rates that price `entries` on this machine, and how many of them were timed now."""
+def measured_rates(case: Case, entries: list[dict], cache: RateCache,
+                   fresh: dict[str, float] | None = None) -> tuple[Rates, dict]:
+    """The Rates that price `entries` on this machine (`fresh`: entries timed between the point's steps,
+    which the cache is then given), and how many of them were timed now."""
     t0 = time.perf_counter()
     figures = _figures(cache, case.device)
     framework = framework_time(case, cache)
-    timed, now = _timed(entries, cache, case.device)
+    timed, now = _timed(entries, cache, case.device, fresh)
     machine = cache.machine
     stamps = cache.measured_at(list(timed), architecture_key(case))
     when = stamps[0] if len(stamps) == 1 else f"{stamps[0]} to {stamps[-1]}" if stamps else "now"
@@ -211,10 +216,12 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache) -> tuple[R
     return rates, {"timed_now": now, "rates_s": time.perf_counter() - t0, "framework": framework, "stamps": stamps}
 
 
-def predict(case: Case, directory: str | None = None, threads: int | None = None, trace: list | None = None) -> dict:
+def predict(case: Case, directory: str | None = None, threads: int | None = None, trace: list | None = None,
+            rounds: dict | None = None) -> dict:
     """The step-time model's answer for `case` on this machine, as the record keeps it: from `trace` (the
     ops a real step of it ran, :class:`~ckptbench.measure.optrace.OpRecorder`) or, without one, its step
-    traced on fake tensors."""
+    traced on fake tensors; at the rates `rounds` timed between its steps (:mod:`.raterounds`), the
+    others from the cache or timed now."""
     import torch
 
     from ..theory.optrace import trace_case
@@ -225,12 +232,15 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     entries = trace if trace is not None else trace_case(case)
     traced = time.perf_counter() - t0
     cache = RateCache(directory, machine_facts(case.device, threads))
-    rates, how = measured_rates(case, entries, cache)
+    fresh = (rounds or {}).get("per_call_s") or {}
+    rates, how = measured_rates(case, entries, cache, fresh)
     cost = step_cost(entries, rates)
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
-            "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"]}
+            "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
+            "rate_rounds": (rounds or {}).get("rounds", 0), "rate_rounds_s": (rounds or {}).get("seconds", 0.0),
+            "timed_between_steps": sum(e["key"] in fresh for e in entries)}
 
 
 class MeasuredTimer:

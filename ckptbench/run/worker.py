@@ -39,6 +39,7 @@ from .faults import Fault
 from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
+from .raterounds import RateRounds
 
 
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
@@ -76,6 +77,8 @@ class StepSchedule:
         self.stopped_by: str | None = None  # "precision" | "max_steps" | "max_time", once timing stops
         self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
         self._t_timed: float | None = None
+        self.rounds = RateRounds(device.type)  # op rates timed between the timed steps (run/raterounds.py)
+        self._steps_s = 0.0  # the timed steps' host seconds so far, rounds apart
 
     def __iter__(self):
         k = 0
@@ -114,8 +117,10 @@ class StepSchedule:
             if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
                 time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
             self.timer.stop()
+            self._steps_s += time.perf_counter() - self._t_step
         if kind == "memory":
             self.mem = self.marks.result()
+            self.rounds.use(self.mem.get("op_trace"))
         else:
             self.steps.after_step()
             self.losses.append(loss)
@@ -124,7 +129,9 @@ class StepSchedule:
             if self.rule.due(n):  # on CUDA a synchronise, every few steps (StopRule.check_every)
                 times = self.timer.times()
                 self.timed_s = time.perf_counter() - self._t_timed
-                self.stopped_by = self.rule.verdict(times, self.timed_s)
+                # the rule's clock is the steps' own: the rate rounds between them are not timed steps
+                self.stopped_by = self.rule.verdict(times, self.timed_s - self.rounds.spent_s)
+            self.rounds.offer(self._steps_s)  # outside the step's timer, inside the timing window
 
     def _close(self) -> None:
         if self._window == "timed":
@@ -221,6 +228,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,
+        "op_rate_rounds": schedule.rounds.result(),  # for the step-time model (child_main), not the record
         **schedule.timing(),
         "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
                   "timed": len(stats.times_s), "memory_steps_timed": False},
@@ -238,17 +246,19 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
     }
 
 
-def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None) -> dict:
+def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None,
+                    rounds: dict | None = None) -> dict:
     """The step-time model's prediction for the point (:func:`.steptime.predict`), made after its steps ran,
-    from the ops its memory step ran (`trace`; traced on fake tensors when there is none): the op rates it
-    lacks are timed here, under the conditions the steps ran in, and kept in `rates_dir` for the sweep's
-    next points.  A model that cannot predict the point says why instead, as does a compiled point."""
+    from the ops its memory step ran (`trace`; traced on fake tensors when there is none) at the rates timed
+    between its timed steps (`rounds`: :class:`.raterounds.RateRounds`); an op no round timed is timed here
+    or taken from `rates_dir`, where the rounds' medians are kept for the sweep's next points and plans.
+    A model that cannot predict the point says why instead, as does a compiled point."""
     from .steptime import predict
 
     if case.compiled:
         return {"error": "a compiled point runs inductor's kernels, not the eager ops the step-time model prices"}
     try:
-        return predict(case, rates_dir, trace=trace)
+        return predict(case, rates_dir, trace=trace, rounds=rounds)
     except Exception as exc:  # the prediction never costs the point its measurement
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
@@ -360,7 +370,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
         result["measurement"] = m = measure(case, t_submit, fault, timeout_s)
         # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
         rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
-        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None))
+        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None), m.pop("op_rate_rounds"))
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

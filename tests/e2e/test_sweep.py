@@ -95,8 +95,13 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
     assert len(first.records) == 3
     second = run_sweep(suite, SweepOptions(out_dir=out, resume=True))
     assert len(second.records) == 3 and len(second.skipped_ids) == 3
-    ids = [r["case_id"] for r in load_records(out).records]
-    assert sorted(ids) == sorted(c.id for c in suite.cases)
+    records = load_records(out).records
+    assert sorted(r["case_id"] for r in records) == sorted(c.id for c in suite.cases)
+    # each point's step was priced at op rates timed between its own timed steps (run/raterounds.py)
+    for r in records:
+        model, m = r["measurement"]["step_time_model"], r["measurement"]
+        assert model["rate_rounds"] >= 1 and 0 < model["timed_between_steps"] <= model["distinct"], model
+        assert "op_rate_rounds" not in m and "op_trace" not in m
 
 
 def _default_sigint() -> None:

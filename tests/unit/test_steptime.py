@@ -140,3 +140,72 @@ def test_a_plan_where_nothing_fits_says_no_step_was_priced_and_an_unknown_card_i
                  "--attn", "sdpa"]) == 0
     out = capsys.readouterr().out
     assert "recommended: nothing fits" in out and "step time: none predicted (no setting fits)" in out
+
+
+def test_rate_rounds_time_every_replayable_op_between_steps_within_their_share():
+    """A round times each non-view entry once; the first comes after the first timed step, the next only
+    while the rounds have cost less than their share of the steps' time; no trace, no rounds."""
+    import torch
+
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import SHARE, RateRounds
+
+    recorder = OpRecorder()
+    with recorder:
+        a = torch.ones(64, 32)
+        (a @ torch.ones(32, 16)).t().sum()
+    trace = recorder.trace()
+    timed = {e["key"] for e in trace if e["kind"] != "view"}
+    assert any(e["kind"] == "view" for e in trace) and len(timed) >= 3  # ones, mm, sum; the transpose a view
+    odd = {"key": json.dumps(["aten.mm.default", [["object", "Thing"]], {}]), "op": "aten.mm.default",
+           "kind": "matmul", "flops": 0, "bytes": 0, "counts": {}}  # not replayable: never in the medians
+
+    rounds = RateRounds("cpu")
+    rounds.offer(steps_s=1.0)
+    assert rounds.rounds == 0  # before the memory step recorded its ops there is nothing to time
+    rounds.use(trace + [odd])
+    rounds.offer(steps_s=0.0)  # the first round comes whatever the steps cost
+    assert rounds.rounds == 1 and set(rounds.result()["per_call_s"]) == timed
+    rounds.spent_s = SHARE * 2.0
+    rounds.offer(steps_s=2.0)  # the rounds have had their share: no round
+    assert rounds.rounds == 1
+    rounds.offer(steps_s=2.0 + 1e-3)
+    assert rounds.rounds == 2 and all(len(v) == 2 for v in rounds.per_key.values())
+    result = rounds.result()
+    assert result["rounds"] == 2 and all(v > 0 for v in result["per_call_s"].values())
+
+    empty = RateRounds("cpu")
+    empty.use(None)
+    empty.offer(steps_s=0.0)
+    assert empty.result() == {"per_call_s": {}, "rounds": 0, "seconds": 0.0}
+
+
+def test_a_prediction_takes_the_rates_timed_between_the_steps_over_the_cache(tmp_path):
+    """An entry the rounds timed is priced at the rounds' median, not at what the cache held; the cache
+    keeps the rounds' figure for the next point; an entry no round timed comes from the cache."""
+    import torch
+
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.ratecache import RateCache, machine_facts
+    from ckptbench.run.steptime import _timed
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(64, 32) @ torch.ones(32, 16)
+    trace = recorder.trace()
+    mm = next(e["key"] for e in trace if e["op"] == "aten.mm.default")
+    other = [e["key"] for e in trace if e["kind"] != "view" and e["key"] != mm]
+    cache = RateCache(str(tmp_path), machine_facts("cpu", 1))
+    cache.add({k: 7.0 for k in [mm, *other]})
+    found, now = _timed(trace, cache, "cpu", fresh={mm: 3e-6})
+    assert found[mm] == 3e-6 and all(found[k] == 7.0 for k in other) and now == 1
+    assert RateCache(str(tmp_path), machine_facts("cpu", 1)).entry(mm) == 3e-6
+
+
+def test_rate_rounds_never_run_on_cuda_where_the_allocator_reserve_is_measured():
+    from ckptbench.run.raterounds import RateRounds
+
+    rounds = RateRounds("cuda")
+    rounds.use([_entry("mm", "matmul", {"forward": 1})])
+    rounds.offer(steps_s=0.0)
+    assert rounds.entries is None and rounds.rounds == 0

@@ -1,0 +1,66 @@
+"""Op rates timed between a point's timed steps, so that the step-time model prices the step under the
+conditions its steps ran in.
+
+A shared machine's speed moves while a point runs: on this project's 2-core machine a 512×512 matmul on
+one thread took 2.6 ms for a few seconds, then 3.4 ms for the next few (p90/p10 of 40 readings a tenth of
+a second apart: 1.34; a copy's 1.35), so the same point measured twice differed by up to 30 %.  Rates timed
+after the steps, or at an earlier point, price the step at another minute's speed, and that alone moved
+predictions by ±30 % against the steps they were checked against.
+
+:class:`RateRounds` times every op the memory step ran (each distinct entry of its trace once, one trial:
+:func:`ckptbench.measure.oprates.time_entry`) in *rounds*, each right after a timed step, outside the step's
+timer; the prediction takes each entry's median over the rounds.  Steps and rounds alternate, as the
+framework probe's steps and microbenchmarks do (:mod:`.steptime`), so both sample the same conditions.  A
+round runs after the first timed step and then whenever the rounds so far have cost less than
+:data:`SHARE` of the timed steps' time, so the timing window grows by at most about that share (plus one
+round).  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
+them (measured: the median step after a round over the median step back to back, 0.93 to 1.02 on three
+models, three times each).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first round)
+
+
+class RateRounds:
+    """Rounds of op timings between timed steps (see the module's text).  :meth:`offer` after each timed
+    step; :meth:`result` the entries' medians."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
+        self.per_key: dict[str, list[float]] = {}
+        self.rounds = 0
+        self.spent_s = 0.0
+
+    def use(self, trace: list[dict] | None) -> None:
+        """The ops to time: the memory step's trace (None: no rounds).  Only on a CPU: on CUDA a round's
+        tensors would stay in the caching allocator's reserve, which the record measures, and emptying it
+        would slow the next step; a dedicated card's speed does not move as a shared CPU's does."""
+        self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
+
+    def due(self, steps_s: float) -> bool:
+        return self.entries is not None and (self.rounds == 0 or self.spent_s < SHARE * steps_s)
+
+    def offer(self, steps_s: float) -> None:
+        """After a timed step (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
+        if not self.due(steps_s):
+            return
+        from ..measure.oprates import time_entry
+
+        t0 = time.perf_counter()
+        for e in self.entries:
+            seconds = time_entry(e, self.device, trials=1)
+            if seconds is not None:
+                self.per_key.setdefault(e["key"], []).append(seconds)
+        self.rounds += 1
+        self.spent_s += time.perf_counter() - t0
+
+    def result(self) -> dict:
+        """Each timed entry's median over the rounds, how many rounds and what they cost."""
+        return {"per_call_s": {k: statistics.median(v) for k, v in self.per_key.items()},
+                "rounds": self.rounds, "seconds": self.spent_s}
