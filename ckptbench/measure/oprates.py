@@ -175,8 +175,8 @@ def link_bandwidth(nbytes: int = 256 * 2**20) -> float:
     return nbytes / max(d2h, h2d)
 
 
-def measure_entries(entries: list[dict], device: str = "cpu", threads: int | None = None) -> dict[str, float | None]:
-    """key -> seconds per call for every entry (None: not replayable), on `threads` CPU threads."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-    return {e["key"]: time_entry(e, device) for e in entries}
+def measure_entries(entries: list[dict], device: str = "cpu", trials: int = TRIALS) -> dict[str, float]:
+    """key -> seconds per call for every entry that is not a view and can be replayed (:func:`time_entry`,
+    each once, in order: one round of a step's ops)."""
+    return {e["key"]: t for e in entries if e["kind"] != "view" for t in [time_entry(e, device, trials)]
+            if t is not None}

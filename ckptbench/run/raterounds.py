@@ -8,7 +8,7 @@ after the steps, or at an earlier point, price the step at another minute's spee
 predictions by ±30 % against the steps they were checked against.
 
 :class:`RateRounds` times every op the memory step ran (each distinct entry of its trace once, one trial:
-:func:`ckptbench.measure.oprates.time_entry`) in *rounds*, each right after a timed step, outside the step's
+:func:`ckptbench.measure.oprates.measure_entries`) in *rounds*, each right after a timed step, outside the step's
 timer; the prediction takes each entry's median over the rounds.  Steps and rounds alternate, as the
 framework probe's steps and microbenchmarks do (:mod:`.steptime`), so both sample the same conditions.  A
 round runs after the first timed step and then whenever the rounds so far have cost less than
@@ -50,13 +50,11 @@ class RateRounds:
         """After a timed step (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
         if not self.due(steps_s):
             return
-        from ..measure.oprates import time_entry
+        from ..measure.oprates import measure_entries
 
         t0 = time.perf_counter()
-        for e in self.entries:
-            seconds = time_entry(e, self.device, trials=1)
-            if seconds is not None:
-                self.per_key.setdefault(e["key"], []).append(seconds)
+        for key, seconds in measure_entries(self.entries, self.device, trials=1).items():
+            self.per_key.setdefault(key, []).append(seconds)
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
 

@@ -170,7 +170,7 @@ def _figures(cache: RateCache, device: str) -> dict:
 def framework_time(case: Case, cache: RateCache) -> dict:
     """The architecture's framework time per op (see the module's text), from the cache or probed now: the
     median of the probe's rounds, each its steps' median less its ops' timed cost (one trial each), per op."""
-    from ..measure.oprates import time_entry
+    from ..measure.oprates import measure_entries
 
     arch = architecture_key(case)
     found = cache.framework(arch)
@@ -179,9 +179,7 @@ def framework_time(case: Case, cache: RateCache) -> dict:
     figures = _figures(cache, case.device)
 
     def price(entries: list[dict]) -> tuple[float, int]:
-        timed = {e["key"]: t for e in entries if e["kind"] != "view"
-                 for t in [time_entry(e, case.device, trials=1)] if t is not None}
-        cost = step_cost(entries, Rates(case.device, "", timed, dispatch_s=figures["dispatch_s"],
+        cost = step_cost(entries, Rates(case.device, "", measure_entries(entries, case.device, trials=1), dispatch_s=figures["dispatch_s"],
                                         bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"]))
         return cost.kernel_s, cost.ops
 
@@ -232,14 +230,15 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     entries = trace if trace is not None else trace_case(case)
     traced = time.perf_counter() - t0
     cache = RateCache(directory, machine_facts(case.device, threads))
-    fresh = (rounds or {}).get("per_call_s") or {}
+    rounds = rounds or {}
+    fresh = rounds.get("per_call_s") or {}
     rates, how = measured_rates(case, entries, cache, fresh)
     cost = step_cost(entries, rates)
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
-            "rate_rounds": (rounds or {}).get("rounds", 0), "rate_rounds_s": (rounds or {}).get("seconds", 0.0),
+            "rate_rounds": rounds.get("rounds", 0), "rate_rounds_s": rounds.get("seconds", 0.0),
             "timed_between_steps": sum(e["key"] in fresh for e in entries)}
 
 

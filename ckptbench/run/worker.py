@@ -78,7 +78,6 @@ class StepSchedule:
         self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
         self._t_timed: float | None = None
         self.rounds = RateRounds(device.type)  # op rates timed between the timed steps (run/raterounds.py)
-        self._steps_s = 0.0  # the timed steps' host seconds so far, rounds apart
 
     def __iter__(self):
         k = 0
@@ -117,7 +116,6 @@ class StepSchedule:
             if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
                 time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
             self.timer.stop()
-            self._steps_s += time.perf_counter() - self._t_step
         if kind == "memory":
             self.mem = self.marks.result()
             self.rounds.use(self.mem.get("op_trace"))
@@ -131,7 +129,8 @@ class StepSchedule:
                 self.timed_s = time.perf_counter() - self._t_timed
                 # the rule's clock is the steps' own: the rate rounds between them are not timed steps
                 self.stopped_by = self.rule.verdict(times, self.timed_s - self.rounds.spent_s)
-            self.rounds.offer(self._steps_s)  # outside the step's timer, inside the timing window
+            # outside the step's timer, inside the timing window; budgeted by the rule's clock, the steps' own
+            self.rounds.offer(time.perf_counter() - self._t_timed - self.rounds.spent_s)
 
     def _close(self) -> None:
         if self._window == "timed":
