@@ -11,8 +11,10 @@ few scalars (32-128 bytes measured).  So ``0 ≤ allocator − tracker ≤ check
 anything else is a tensor one of them missed.  Where the matmuls run in bf16 (pure bf16 or bf16-mixed), the
 CPU kernel also allocates scratch below the dispatcher for the call it runs: measured alone, (m, k, n) =
 (64, 64, 8): 7,168 B; (64, 8, 64): 9,216; (64, 64, 64): 13,312; (64, 128, 64): 21,504; (512, 512, 512):
-529,408; (2048, 896, 4864): 128,128; (64, 4096, 4096): 289,920; fp32 matmuls none.  Every one is within
-``2·(m·k + k·n + m·n) + 5,120`` B (each operand and the output in bf16), so one call's scratch of the
+529,408; (2048, 896, 4864): 128,128; (64, 4096, 4096): 289,920; fp32 matmuls none.  A CPU with bf16
+instructions (``avx512_bf16``) pads a narrow inner dimension: (64, 8, 64): 21,504; (64, 4, 64) and
+(64, 16, 64): 21,504 too; (128, 8, 128): 37,888.  Every one is within ``4·(m·k + k·n + m·n) + 5,120`` B
+(each operand and the output in fp32, as such a kernel may widen them), so one call's scratch of the
 step's widest shapes is allowed on top.
 
 CUDA — the allocator's reserved blocks at the end of the step against the driver's count of this
@@ -28,6 +30,7 @@ from .checks import Check
 RNG_STATE_BOUND = 5_120  # per checkpointed layer: torch.get_rng_state() is 5,056 bytes on CPU
 SCALARS_BOUND = 1_024
 BF16_SCRATCH_FIXED = 5_120
+BF16_SCRATCH_PER_ELEMENT = 4  # bytes per element of the operands and the output (fp32: see the module's text)
 CUDA_CONTEXT_BOUND = 3 * 2**30
 
 
@@ -43,7 +46,7 @@ def _within(quantity: str, measured: int | None, reference: int | None, allowanc
 
 def bf16_matmul_scratch_bound(case: Case) -> int:
     """One CPU bf16 matmul call's scratch, bounded for the step's widest shapes (see the module's text):
-    ``2·(m·k + k·n + m·n) + 5,120`` with m the tokens and k, n the widest matrix the model multiplies by
+    ``4·(m·k + k·n + m·n) + 5,120`` with m the tokens and k, n the widest matrix the model multiplies by
     (its hidden size by its widest dimension: the MLP or the LM head); the sum is the same in whichever
     orientation the backward multiplies."""
     if case.device != "cpu" or case.compute_dtype != "bf16":
@@ -51,7 +54,7 @@ def bf16_matmul_scratch_bound(case: Case) -> int:
     spec = case.model
     tokens = case.batch_size * case.seq_len
     widest = max(spec.intermediate, spec.vocab, spec.hidden)
-    return 2 * (tokens * spec.hidden + spec.hidden * widest + tokens * widest) + BF16_SCRATCH_FIXED
+    return BF16_SCRATCH_PER_ELEMENT * (tokens * spec.hidden + spec.hidden * widest + tokens * widest) + BF16_SCRATCH_FIXED
 
 
 def meter_checks(case: Case, m: dict) -> list[Check]:

@@ -80,10 +80,11 @@ def test_a_missing_meter_is_unchecked_never_agreement():
                                          "nvml_process_used_bytes": 2**29})) == "disagree"
 
 
-@pytest.mark.parametrize("m,k,n", [(64, 64, 8), (64, 128, 64), (256, 64, 64), (64, 8, 64), (512, 512, 512)])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 8), (64, 128, 64), (256, 64, 64), (64, 8, 64), (64, 4, 64), (128, 8, 128),
+                                   (512, 512, 512)])
 def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_none(m, k, n):
     from ckptbench.measure.allocator import AllocatorMeter
-    from ckptbench.theory.meters import BF16_SCRATCH_FIXED
+    from ckptbench.theory.meters import BF16_SCRATCH_FIXED, BF16_SCRATCH_PER_ELEMENT
 
     torch.set_num_threads(1)
 
@@ -97,7 +98,7 @@ def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_n
         return meter.growth - out.untyped_storage().nbytes()
 
     assert scratch(torch.float32) == 0
-    assert 0 < scratch(torch.bfloat16) <= 2 * (m * k + k * n + m * n) + BF16_SCRATCH_FIXED
+    assert 0 < scratch(torch.bfloat16) <= BF16_SCRATCH_PER_ELEMENT * (m * k + k * n + m * n) + BF16_SCRATCH_FIXED
 
 
 def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
@@ -107,8 +108,8 @@ def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
     base = dict(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)
     assert bf16_matmul_scratch_bound(Case(**base)) == 0
     mixed = Case(**base, setup=Setup(autocast="bf16"))
-    # 64 tokens of hidden 64, the 64 x 256 LM head and its 64 x 256 output, in bf16, plus the fixed part
-    assert bf16_matmul_scratch_bound(mixed) == 2 * (64 * 64 + 64 * 256 + 64 * 256) + 5_120
+    # 64 tokens of hidden 64, the 64 x 256 LM head and its 64 x 256 output, 4 bytes each, plus the fixed part
+    assert bf16_matmul_scratch_bound(mixed) == 4 * (64 * 64 + 64 * 256 + 64 * 256) + 5_120
     assert bf16_matmul_scratch_bound(Case(**{**base, "model": preset("llama-tiny", dtype="bf16")})) > 0
     # a tensor the tracker missed, larger than every blind spot, still makes the meters disagree
     m = {"tracked_start_bytes": 0, "tracked_resident_peak_bytes": 10**6,
