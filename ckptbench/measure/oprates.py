@@ -93,11 +93,15 @@ def clock(device: str):
     return time.perf_counter
 
 
-def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS) -> float:
+def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS,
+              faults: list | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
     back-to-back calls (at most three single calls for an op longer than :data:`LONG_S`), their median: in
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
-    as the step's own ops are."""
+    as the step's own ops are.  `faults`, where given, is appended the minor page faults per call of the
+    trials (an output mapped afresh each call faults every call: :mod:`.heapfaults`)."""
+    from .heapfaults import minor_faults
+
     now = clock(device)
     t0 = now()
     call()
@@ -105,18 +109,22 @@ def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIA
     once = now() - t0
     reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
     per_call = []
-    for _ in range(trials if once < LONG_S else min(trials, 3)):
+    runs = trials if once < LONG_S else min(trials, 3)
+    faulted = minor_faults()
+    for _ in range(runs):
         t0 = now()
         for _ in range(reps):
             call()
         _sync(device)
         per_call.append((now() - t0) / reps)
+    if faults is not None:
+        faults.append((minor_faults() - faulted) / (runs * reps))
     return statistics.median(per_call)
 
 
-def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS) -> float | None:
+def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS, faults: list | None = None) -> float | None:
     """Seconds one call of the entry's op takes here (the median of `trials`), or None when it cannot be
-    replayed."""
+    replayed (`faults`: as :func:`time_call`'s)."""
     op = entry["op"]
     if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
         return time_copy(entry, device) if op.startswith("copy.") else None
@@ -126,7 +134,7 @@ def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS) -> float 
         args, kwargs = make_value(args, device), {k: make_value(v, device) for k, v in kwargs.items()}
         with torch.no_grad():
             return time_call(lambda: func(*args, **kwargs), device, MUTATING_REPS if _is_mutating(func) else None,
-                             trials)
+                             trials, faults)
     except (NotReplayable, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
         entry.setdefault("replay_error", f"{type(exc).__name__}: {exc}"[:200])
         return None
@@ -175,8 +183,19 @@ def link_bandwidth(nbytes: int = 256 * 2**20) -> float:
     return nbytes / max(d2h, h2d)
 
 
-def measure_entries(entries: list[dict], device: str = "cpu", trials: int = TRIALS) -> dict[str, float]:
+def measure_entries(entries: list[dict], device: str = "cpu", trials: int = TRIALS,
+                    faults: dict | None = None) -> dict[str, float]:
     """key -> seconds per call for every entry that is not a view and can be replayed (:func:`time_entry`,
-    each once, in order: one round of a step's ops)."""
-    return {e["key"]: t for e in entries if e["kind"] != "view" for t in [time_entry(e, device, trials)]
-            if t is not None}
+    each once, in order: one round of a step's ops); `faults`, where given, gets key -> minor page faults
+    per call."""
+    timed = {}
+    for e in entries:
+        if e["kind"] == "view":
+            continue
+        seen: list = []
+        seconds = time_entry(e, device, trials, seen)
+        if seconds is not None:
+            timed[e["key"]] = seconds
+            if faults is not None and seen:
+                faults[e["key"]] = seen[0]
+    return timed

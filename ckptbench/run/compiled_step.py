@@ -41,6 +41,10 @@ class CompiledStepMarks:
     def __init__(self) -> None:
         self.active = False
 
+    def allocations(self) -> None:
+        """No heap-fault replay: a compiled step keeps no op trace, so its step time is not modelled."""
+        return None
+
     def start(self, model, optimizer, inputs: list[torch.Tensor]) -> None:
         from torch._dynamo.utils import counters
 

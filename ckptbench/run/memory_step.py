@@ -84,6 +84,12 @@ class MemoryStepMarks:
             finally:
                 self.layer_probe.__exit__(None, None, None)
 
+    def allocations(self) -> list[int] | None:
+        """The step's CPU allocator events' bytes in order (+ allocated, − freed), for the step-time model's
+        heap-fault replay (:mod:`ckptbench.measure.heapfaults`); None on CUDA."""
+        meter = getattr(self.probe, "allocator", None)
+        return meter.sequence if meter is not None else None
+
     def result(self) -> dict:
         out = self.probe.result().to_dict()
         out["memory_probe"] = self.probe.kind

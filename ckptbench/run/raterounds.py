@@ -34,14 +34,20 @@ class RateRounds:
         self.device = device
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[float]] = {}
+        self.faults_per_call: dict[str, list[float]] = {}
+        self.sequence: list[int] | None = None  # the memory step's allocations, for the heap-fault replay
+        self.heap_faults: int | None = None
+        self.prices: list[float] = []  # seconds per minor fault, one per round
         self.rounds = 0
         self.spent_s = 0.0
 
-    def use(self, trace: list[dict] | None) -> None:
-        """The ops to time: the memory step's trace (None: no rounds).  Only on a CPU: on CUDA a round's
-        tensors would stay in the caching allocator's reserve, which the record measures, and emptying it
-        would slow the next step; a dedicated card's speed does not move as a shared CPU's does."""
+    def use(self, trace: list[dict] | None, sequence: list[int] | None = None) -> None:
+        """The ops to time: the memory step's trace (None: no rounds), and its allocator events' bytes in
+        order (`sequence`: replayed once, in the first round, for its page faults).  Only on a CPU: on CUDA
+        a round's tensors would stay in the caching allocator's reserve, which the record measures, and
+        emptying it would slow the next step; a dedicated card's speed does not move as a shared CPU's does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
+        self.sequence = sequence if self.entries is not None else None
 
     def due(self, steps_s: float) -> bool:
         return self.entries is not None and (self.rounds == 0 or self.spent_s < SHARE * steps_s)
@@ -50,15 +56,27 @@ class RateRounds:
         """After a timed step (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
         if not self.due(steps_s):
             return
-        from ..measure.oprates import measure_entries
+        from ..measure.heapfaults import fault_price, replay_allocations
+        from ..measure.oprates import clock, measure_entries
 
         t0 = time.perf_counter()
-        for key, seconds in measure_entries(self.entries, self.device, trials=1).items():
+        faults: dict[str, float] = {}
+        for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append(seconds)
+        for key, n in faults.items():
+            self.faults_per_call.setdefault(key, []).append(n)
+        if self.sequence is not None and self.heap_faults is None:
+            self.heap_faults = replay_allocations(self.sequence)
+        price = fault_price(clock(self.device))
+        if price is not None:
+            self.prices.append(price)
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
 
     def result(self) -> dict:
-        """Each timed entry's median over the rounds, how many rounds and what they cost."""
+        """Each timed entry's median over the rounds (seconds and minor faults per call), how many rounds
+        and what they cost, the step's allocations' faults replayed and the median price of a fault."""
         return {"per_call_s": {k: statistics.median(v) for k, v in self.per_key.items()},
+                "faults_per_call": {k: statistics.median(v) for k, v in self.faults_per_call.items()},
+                "heap_faults": self.heap_faults, "fault_s": statistics.median(self.prices) if self.prices else None,
                 "rounds": self.rounds, "seconds": self.spent_s}

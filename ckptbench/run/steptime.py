@@ -214,6 +214,18 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache,
     return rates, {"timed_now": now, "rates_s": time.perf_counter() - t0, "framework": framework, "stamps": stamps}
 
 
+def heap_faults(entries: list[dict], rounds: dict) -> float:
+    """The page faults the step's allocations took in the rounds' replay (:mod:`ckptbench.measure.heapfaults`)
+    beyond those its ops took when timed (an op whose output is mapped afresh each call faults in its own
+    timing too), never fewer than none; none without a replay."""
+    replayed = rounds.get("heap_faults")
+    if not replayed:
+        return 0.0
+    per_call = rounds.get("faults_per_call") or {}
+    in_ops = sum(per_call.get(e["key"], 0.0) * sum(e["counts"].values()) for e in entries if e["kind"] != "view")
+    return max(0.0, replayed - in_ops)
+
+
 def predict(case: Case, directory: str | None = None, threads: int | None = None, trace: list | None = None,
             rounds: dict | None = None) -> dict:
     """The step-time model's answer for `case` on this machine, as the record keeps it: from `trace` (the
@@ -233,12 +245,15 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     rounds = rounds or {}
     fresh = rounds.get("per_call_s") or {}
     rates, how = measured_rates(case, entries, cache, fresh)
-    cost = step_cost(entries, rates)
+    faults = heap_faults(entries, rounds)
+    rates.fault_s = rounds.get("fault_s") or 0.0
+    cost = step_cost(entries, rates, faults)
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
             "rate_rounds": rounds.get("rounds", 0), "rate_rounds_s": rounds.get("seconds", 0.0),
+            "heap_faults_replayed": rounds.get("heap_faults"), "fault_price_s": rounds.get("fault_s"),
             "timed_between_steps": sum(e["key"] in fresh for e in entries)}
 
 

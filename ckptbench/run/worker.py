@@ -118,7 +118,7 @@ class StepSchedule:
             self.timer.stop()
         if kind == "memory":
             self.mem = self.marks.result()
-            self.rounds.use(self.mem.get("op_trace"))
+            self.rounds.use(self.mem.get("op_trace"), self.marks.allocations())
         else:
             self.steps.after_step()
             self.losses.append(loss)
@@ -224,6 +224,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "step_time_cv": stats.cv,
         # the CPU time of the stepping thread (CPU points): with one torch thread, the step's own cost
         "step_cpu_times_s": timer.cpu_times(),
+        "step_minor_faults": timer.faults(),  # the process's, per timed step (CPU points)
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,

@@ -15,7 +15,9 @@ entries with their counts.  Each entry is priced by a :class:`Rates` table:
   it spans over the memory bandwidth otherwise, host↔device copies over the link, and never less than
   a kernel launch on a GPU;
 
-and on a CPU every op also pays the framework's time per op (Python, autograd's graph and engine, module
+on a CPU the step also pays for the page faults its allocations take beyond those its ops' timings
+already took (:mod:`ckptbench.measure.heapfaults`: the step's allocations replayed, each fault at its
+measured price), and every op pays the framework's time per op (Python, autograd's graph and engine, module
 hooks, checkpoint's bookkeeping: what a step spends beside its kernels, measured on the same
 architecture shrunk until its kernels cost nothing).  A GPU runs asynchronously: there the step takes the
 longer of the host's time and the kernels' (:attr:`Rates.host_bound`).
@@ -58,6 +60,7 @@ class Rates:
     matmul_flops_per_s: float | None = None
     bandwidth_bytes_per_s: float | None = None
     link_bytes_per_s: float | None = None  # host<->device, for copies nobody timed
+    fault_s: float = 0.0  # a minor page fault (CPU), measured
     launch_s: float = 0.0  # the floor of a modelled kernel (CUDA)
     # CUDA: the host runs ahead of the kernels, so the step is the longer of the two, not their sum
     host_bound: bool = False
@@ -75,6 +78,8 @@ class StepCost:
     by_kind: dict
     by_phase: dict
     source: str
+    heap_faults: float = 0.0  # page faults priced beside the ops (see step_cost)
+    fault_s: float = 0.0  # their seconds, in `seconds`
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,8 +109,9 @@ def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
     return max(seconds, rates.launch_s) + rates.dispatch_s, True
 
 
-def step_cost(entries: list[dict], rates: Rates) -> StepCost:
-    """The step's predicted seconds: every entry's calls at its price, plus the framework's time per op."""
+def step_cost(entries: list[dict], rates: Rates, heap_faults: float = 0.0) -> StepCost:
+    """The step's predicted seconds: every entry's calls at its price, plus the framework's time per op,
+    plus `heap_faults` (page faults the step takes beyond its ops' timings, on a CPU) at the fault's price."""
     kernel = 0.0
     ops = modelled = 0
     by_kind: dict[str, float] = {}
@@ -122,8 +128,10 @@ def step_cost(entries: list[dict], rates: Rates) -> StepCost:
             by_kind[e["kind"]] = by_kind.get(e["kind"], 0.0) + n * per
             kernel += n * per
     framework = ops * rates.framework_s_per_op
-    seconds = max(kernel, framework) if rates.host_bound else kernel + framework
-    return StepCost(seconds, kernel, framework, ops, len(entries), modelled, by_kind, by_phase, rates.source)
+    faults = heap_faults * rates.fault_s
+    seconds = max(kernel, framework) if rates.host_bound else kernel + framework + faults
+    return StepCost(seconds, kernel, framework, ops, len(entries), modelled, by_kind, by_phase, rates.source,
+                    heap_faults, faults)
 
 
 def datasheet_bandwidth(device_name: str | None) -> float | None:

@@ -1,0 +1,87 @@
+"""Heap page faults in the step-time model: the step's allocations replayed for their faults, a fault's
+price, the ops' own faults left out, and the sum priced beside the ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptbench.measure.heapfaults import PAGE, fault_price, minor_faults, replay_allocations
+from ckptbench.run.steptime import heap_faults
+from ckptbench.theory.steptime import Rates, step_cost
+
+BIG = 384 * 2**20  # beyond glibc's largest mmap threshold (32 MiB) and any block this process freed before
+
+
+def _entry(key: str, counts: dict) -> dict:
+    return {"key": key, "op": f"aten.{key}.default", "kind": "memory", "flops": 0, "bytes": 0,
+            "counts": {"forward": 0, "backward": 0, "recompute": 0, "optimizer": 0, **counts}}
+
+
+def test_a_replayed_block_mapped_afresh_faults_once_per_page_and_a_freed_block_of_its_size_is_reused():
+    """Two big blocks live together are two fresh mappings: a fault on every page of each; a block made
+    after one of its size was freed by the replay is mapped again (glibc unmaps blocks that big), while a
+    free of a size the replay never made (a tensor from before the step) is skipped, not an error."""
+    pages = BIG // PAGE
+    together = replay_allocations([BIG, BIG, -BIG, -BIG])
+    assert 2 * pages <= together <= 2 * pages + 64
+    in_turn = replay_allocations([-12345, BIG, -BIG, BIG, -BIG])
+    assert 2 * pages <= in_turn <= 2 * pages + 64
+    before = minor_faults()
+    assert replay_allocations([]) == 0 and minor_faults() - before < 64
+    small = replay_allocations([4096, -4096] * 100)  # the heap's own reused chunk: a handful at most
+    assert small < 100
+
+
+def test_a_fault_costs_a_positive_time_by_the_clock_it_is_asked_for():
+    calls = []
+
+    def clock():
+        calls.append(1)
+        return float(len(calls))  # one "second" between readings: the price is 1 / faults
+
+    price = fault_price(clock)
+    assert len(calls) == 2 and price == pytest.approx(1 / (64 * 2**20 // PAGE), rel=0.01)
+    import time
+
+    assert 0 < fault_price(time.thread_time) < 1e-3  # a page zeroed: microseconds, never a millisecond
+
+
+def test_the_step_pays_only_the_faults_its_ops_did_not_take_when_timed():
+    entries = [_entry("mul", {"forward": 2, "backward": 1}), _entry("add", {"optimizer": 4}),
+               {**_entry("alias", {"forward": 9}), "kind": "view"}]
+    rounds = {"heap_faults": 10_000, "faults_per_call": {"mul": 1_000.0, "add": 0.5, "alias": 99.0}}
+    assert heap_faults(entries, rounds) == pytest.approx(10_000 - 3 * 1_000 - 4 * 0.5)  # a view never timed
+    assert heap_faults(entries, {**rounds, "heap_faults": 2_000}) == 0.0  # never fewer than none
+    assert heap_faults(entries, {"faults_per_call": rounds["faults_per_call"]}) == 0.0  # no replay, no faults
+
+
+def test_faults_are_priced_beside_the_ops_on_a_cpu_and_not_on_a_gpu_whose_host_runs_ahead():
+    entries = [_entry("mul", {"forward": 2})]
+    cpu = Rates("cpu", "a fixed table", per_call_s={"mul": 1e-3}, framework_s_per_op=1e-5, fault_s=2e-6)
+    cost = step_cost(entries, cpu, heap_faults=500)
+    assert cost.fault_s == pytest.approx(1e-3) and cost.heap_faults == 500
+    assert cost.seconds == pytest.approx(2e-3 + 2e-5 + 1e-3)
+    assert step_cost(entries, cpu).seconds == pytest.approx(2e-3 + 2e-5)
+    gpu = Rates("cuda", "a fixed table", per_call_s={"mul": 1e-3}, framework_s_per_op=1e-5, fault_s=2e-6,
+                host_bound=True)
+    assert step_cost(entries, gpu, heap_faults=500).seconds == pytest.approx(2e-3)
+
+
+def test_an_op_whose_output_is_mapped_afresh_each_call_faults_every_call_when_timed():
+    """The faults `measure_entries` reports per call: a big output (unmapped when freed) every page, every
+    call; a small one's memory comes back from glibc already mapped."""
+    import torch
+
+    from ckptbench.measure.oprates import measure_entries
+    from ckptbench.measure.optrace import OpRecorder
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(BIG // 4) * 2.0
+        torch.ones(256) * 2.0
+    entries = [e for e in recorder.trace() if e["op"] == "aten.mul.Tensor"]
+    faults: dict = {}
+    timed = measure_entries(entries, "cpu", trials=1, faults=faults)
+    assert set(faults) == set(timed) == {e["key"] for e in entries}
+    big, small = sorted(faults.values(), reverse=True)
+    assert BIG // PAGE <= big <= BIG // PAGE + 64 and small < 1
