@@ -32,7 +32,10 @@ from .ratecache import DEFAULT_DIR, RateCache, machine_facts
 PROBE_HEAD_WIDTH = 4
 PROBE_VOCAB = 64
 PROBE_TOKENS = 16
-PROBE_WARMUP, PROBE_ROUNDS, PROBE_ROUND_STEPS = 3, 5, 3
+# a round is one step and one timing of its ops: this machine's speed flips by 2x within a second, and
+# rounds of three steps then their ops put them in different phases (per-op figures 3.1-8.2 us over six
+# probes of one architecture; one step a round: 5.0-6.6 us)
+PROBE_WARMUP, PROBE_ROUNDS, PROBE_ROUND_STEPS = 3, 15, 1
 
 
 def architecture_key(case: Case) -> str:
@@ -62,7 +65,8 @@ class _ProbeSchedule:
     the op recorder, then :data:`PROBE_ROUNDS` rounds of timed steps (the stepping thread's CPU time on a
     one-thread CPU, else the wall clock), each round followed by a timing of every op the recorded step ran.
     Steps and microbenchmarks alternate, so each round's framework time is taken under one set of conditions
-    (a shared machine's moved the probe's steps by half between minutes).  No memory step."""
+    (a shared machine's moved the probe's steps by half between minutes, and its speed flips by 2× within a
+    second).  No memory step."""
 
     def __init__(self, layers: list, device, price):
         import torch

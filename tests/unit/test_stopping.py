@@ -91,7 +91,8 @@ def _schedule(times: list[float], timing: Timing, steps: int = 3, check_every: i
                                                              timing=timing), batch_size=1, seq_len=8)
     schedule = StepSchedule(case, torch.device("cpu"), [], None)
     schedule.timer = FakeTimer(times)
-    schedule.marks = SimpleNamespace(result=lambda: {"peak_bytes": 1})  # the memory step's probes, left out
+    # the memory step's probes, left out: no op trace, no allocations to replay
+    schedule.marks = SimpleNamespace(result=lambda: {"peak_bytes": 1}, allocations=lambda: None)
     schedule.rule = StopRule.of(case.train, "cpu") if check_every == 1 else \
         StopRule(steps, timing.precision, timing.max_steps, timing.max_time_s, check_every)
     kinds = []
