@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from .heapfaults import minor_faults
+
 TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
 TRIALS = 5
 LONG_S = 0.05  # an op this long is timed in three single calls after its warm-up call
@@ -100,8 +102,6 @@ def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIA
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
     as the step's own ops are.  `faults`, where given, is appended the minor page faults per call of the
     trials (an output mapped afresh each call faults every call: :mod:`.heapfaults`)."""
-    from .heapfaults import minor_faults
-
     now = clock(device)
     t0 = now()
     call()

@@ -13,7 +13,9 @@ timer; the prediction takes each entry's median over the rounds.  Steps and roun
 framework probe's steps and microbenchmarks do (:mod:`.steptime`), so both sample the same conditions.  A
 round runs after the first timed step and then whenever the rounds so far have cost less than
 :data:`SHARE` of the timed steps' time, so the timing window grows by at most about that share (plus one
-round).  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
+round).  The first round also replays the memory step's allocations for their page faults
+(:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
+round prices a fault.  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
 them (measured: the median step after a round over the median step back to back, 0.93 to 1.02 on three
 models, three times each).
 """

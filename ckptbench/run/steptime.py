@@ -249,9 +249,8 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     rounds = rounds or {}
     fresh = rounds.get("per_call_s") or {}
     rates, how = measured_rates(case, entries, cache, fresh)
-    faults = heap_faults(entries, rounds)
-    rates.fault_s = rounds.get("fault_s") or 0.0
-    cost = step_cost(entries, rates, faults)
+    rates = replace(rates, fault_s=rounds.get("fault_s") or 0.0)
+    cost = step_cost(entries, rates, heap_faults(entries, rounds))
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,

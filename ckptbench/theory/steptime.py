@@ -128,7 +128,7 @@ def step_cost(entries: list[dict], rates: Rates, heap_faults: float = 0.0) -> St
             by_kind[e["kind"]] = by_kind.get(e["kind"], 0.0) + n * per
             kernel += n * per
     framework = ops * rates.framework_s_per_op
-    faults = heap_faults * rates.fault_s
+    faults = 0.0 if rates.host_bound else heap_faults * rates.fault_s  # a GPU's host faults beside its kernels
     seconds = max(kernel, framework) if rates.host_bound else kernel + framework + faults
     return StepCost(seconds, kernel, framework, ops, len(entries), modelled, by_kind, by_phase, rates.source,
                     heap_faults, faults)
