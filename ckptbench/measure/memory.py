@@ -62,11 +62,16 @@ class CpuMemoryProbe:
         self.after_forward: dict | None = None
         self.want_timeline = timeline
         self.timeline: Timeline | None = None
+        self._collecting = False  # the garbage collector was on before the step (and is off during it)
 
     def start(self) -> None:
         # garbage of earlier steps (reference cycles) freed by a collection in the middle of this step would
-        # be a free that the tracker never saw allocated and the allocator meter did: collected now
+        # be a free that the tracker never saw allocated and the allocator meter did: collected now, and no
+        # collection until the step ends (when one comes depends on every thread's allocations: under a test
+        # runner's threads a trainer step's meters once differed by 100 bytes)
         gc.collect()
+        self._collecting = gc.isenabled()
+        gc.disable()
         tr = self.tracker
         track_training_state(tr, self.model, self.optimizer)
         for p in self.model.parameters():
@@ -109,6 +114,9 @@ class CpuMemoryProbe:
         self.tracker.__exit__(None, None, None)
         self.tracker.samples = None  # later frees (the step's garbage) are not the step's
         self.allocator.stop()
+        if self._collecting:
+            gc.enable()
+            self._collecting = False
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
