@@ -159,12 +159,31 @@ def dispatch_overhead(device: str = "cpu") -> float:
     return time_call(lambda: alias(x), device)
 
 
-def memory_bandwidth(device: str = "cpu", nbytes: int = 128 * 2**20) -> float:
+BANDWIDTH_BYTES = 128 * 2**20
+
+
+def copy_buffers(device: str = "cpu", nbytes: int = BANDWIDTH_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """A source and a destination of `nbytes` each, every page written (:func:`copy_once`)."""
+    src = torch.ones(nbytes // 4, device=device)
+    return src, torch.empty_like(src).copy_(src)
+
+
+def memory_bandwidth(device: str = "cpu", nbytes: int = BANDWIDTH_BYTES) -> float:
     """Bytes per second a device-to-device copy moves (read plus write), on buffers beyond the caches (a
     copy of 64 MiB still landed in this machine's 300 MiB last-level cache now and then: 9 to 13 GB/s)."""
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
+    src, dst = copy_buffers(device, nbytes)
     return 2 * nbytes / time_call(lambda: dst.copy_(src), device)
+
+
+def copy_once(buffers: tuple[torch.Tensor, torch.Tensor], device: str = "cpu") -> float:
+    """:func:`memory_bandwidth` from one copy between kept buffers (:func:`copy_buffers`): no warm-up call,
+    no page to fault; what a round between a point's steps can afford (25 ms here)."""
+    src, dst = buffers
+    now = clock(device)
+    t0 = now()
+    dst.copy_(src)
+    _sync(device)
+    return 2 * src.nbytes / (now() - t0)
 
 
 def matmul_rate(device: str = "cpu", n: int = 4096, dtype: str = "bfloat16") -> float:

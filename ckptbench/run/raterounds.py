@@ -15,7 +15,8 @@ round runs after the first timed step and then whenever the rounds so far have c
 :data:`SHARE` of the timed steps' time, so the timing window grows by at most about that share (plus one
 round).  The first round also replays the memory step's allocations for their page faults
 (:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
-round prices a fault.  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
+round prices a fault, times one copy beyond the caches (the floor of a memory-bound op), and lets the
+framework probe take one step (:mod:`.probethread`).  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
 them (measured: the median step after a round over the median step back to back, 0.93 to 1.02 on three
 models, three times each).
 """
@@ -26,14 +27,22 @@ import statistics
 import time
 
 SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first round)
+# rounds a point gets beyond its share, spread over its step cap: a short step's framework and kernels are
+# priced from this many samples of the machine's moving speed at least (when its steps reach the cap)
+MIN_ROUNDS = 10
 
 
 class RateRounds:
     """Rounds of op timings between timed steps (see the module's text).  :meth:`offer` after each timed
     step; :meth:`result` the entries' medians."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, max_steps: int = 0, case=None):
         self.device = device
+        self.max_steps = max_steps  # the stopping rule's cap on timed steps: MIN_ROUNDS are spread over it
+        self.case = case  # its architecture is probed for the framework's time in each round (.probethread)
+        self.probe = None
+        self.bandwidths: list[float] = []  # bytes/s of a copy beyond the caches, one per round
+        self._buffers = None  # the copy's, kept from round to round (False: they could not be had)
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[float]] = {}
         self.faults_per_call: dict[str, list[float]] = {}
@@ -51,21 +60,33 @@ class RateRounds:
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
         self.sequence = sequence if self.entries is not None else None
 
-    def due(self, steps_s: float) -> bool:
-        return self.entries is not None and (self.rounds == 0 or self.spent_s < SHARE * steps_s)
+    def due(self, steps_s: float, step: int = 0) -> bool:
+        """After timed step `step` (from 1): the first round, then while the rounds have cost less than their
+        share of the steps' time, or while there are fewer than MIN_ROUNDS and the step is past its turn."""
+        spread = 0 < self.max_steps and self.rounds < MIN_ROUNDS and step * MIN_ROUNDS >= self.rounds * self.max_steps
+        return self.entries is not None and (self.rounds == 0 or self.spent_s < SHARE * steps_s or spread)
 
-    def offer(self, steps_s: float) -> None:
-        """After a timed step (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
-        if not self.due(steps_s):
+    def offer(self, steps_s: float, step: int = 0) -> None:
+        """After timed step `step` (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
+        if not self.due(steps_s, step):
             return
         from ..measure.heapfaults import fault_price, replay_allocations
         from ..measure.oprates import clock, measure_entries
+        from .probethread import ProbeThread
 
         t0 = time.perf_counter()
+        self._bandwidth()  # first: the copy leaves the caches cold, and the ops' warm-up calls warm them
+        if self.probe is None and self.case is not None:
+            self.probe = ProbeThread(self.case)
+        if self.probe is not None and not self.probe.step():  # one framework-probe step and its ops' timings
+            self.probe.close()
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append(seconds)
-        for key, n in faults.items():
+        # the ops' own faults, as the first round counts them, before the replay below: what glibc's heap
+        # holds after it decides whether a later round's large outputs are mapped afresh (gpt2-tiny every-2
+        # 16x2048, the median of three rounds: 418 k faults in its ops in one run, none in another)
+        for key, n in faults.items() if self.heap_faults is None else ():
             self.faults_per_call.setdefault(key, []).append(n)
         if self.sequence is not None and self.heap_faults is None:
             self.heap_faults = replay_allocations(self.sequence)
@@ -75,10 +96,33 @@ class RateRounds:
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
 
+    def _bandwidth(self) -> None:
+        """The copy bandwidth (a memory-bound op's floor), as the ops are timed, at this round's speed."""
+        from ..measure.oprates import copy_buffers, copy_once
+
+        if self._buffers is False:
+            return
+        try:
+            self._buffers = self._buffers or copy_buffers(self.device)
+            self.bandwidths.append(copy_once(self._buffers, self.device))
+        except (RuntimeError, MemoryError):  # a point near its memory cap: the bandwidth measured once stands
+            self._buffers = False
+
+    def close(self) -> None:
+        """The timed steps are over: let the framework probe's thread end, free the copy's buffers."""
+        self._buffers = None if self._buffers is not False else False
+        if self.probe is not None:
+            self.probe.close()
+
     def result(self) -> dict:
         """Each timed entry's median over the rounds (seconds and minor faults per call), how many rounds
-        and what they cost, the step's allocations' faults replayed and the median price of a fault."""
+        and what they cost, the step's allocations' faults replayed and the median price of a fault, and the
+        framework probe's steps (None without them; `probe_error` why it could not step)."""
+        self.close()
+        probe = self.probe.result() if self.probe is not None else None
         return {"per_call_s": {k: statistics.median(v) for k, v in self.per_key.items()},
                 "faults_per_call": {k: statistics.median(v) for k, v in self.faults_per_call.items()},
                 "heap_faults": self.heap_faults, "fault_s": statistics.median(self.prices) if self.prices else None,
-                "rounds": self.rounds, "seconds": self.spent_s}
+                "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
+                "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None},
+                "probe_error": self.probe.error if self.probe is not None else None}

@@ -117,8 +117,9 @@ class _ProbeSchedule:
                 self.kernels.append(kernels)
 
 
-def _probe(case: Case, price) -> _ProbeSchedule:
-    """The probe's steps through the point's own loop (:class:`_ProbeSchedule`)."""
+def _probe(case: Case, price, schedule_for=_ProbeSchedule) -> _ProbeSchedule:
+    """The probe's steps through the point's own loop (:class:`_ProbeSchedule`, or what `schedule_for`
+    makes of the model's layers, the device and `price`)."""
     import torch
 
     from ..train.adapters import with_adapters
@@ -132,7 +133,7 @@ def _probe(case: Case, price) -> _ProbeSchedule:
         model = with_adapters(build_model(case.model, device), case.setup.lora)
         batch = synthetic_batch(case.model.vocab, case.batch_size, case.seq_len, case.train.seed, device)
         loop = loop_for(case, model, batch)
-        schedule = _ProbeSchedule(decoder_layers(model), device, price)
+        schedule = schedule_for(decoder_layers(model), device, price)
         loop.run(schedule)
     return schedule
 
@@ -171,6 +172,26 @@ def _figures(cache: RateCache, device: str) -> dict:
     return {name: cache.figure(name) for name in wanted}
 
 
+def _kernels(entries: list[dict], timed: dict[str, float], figures: dict, device: str) -> tuple[float, int]:
+    """The kernels' seconds of a probe's step (its ops at the times one round gave them) and its ops."""
+    cost = step_cost(entries, Rates(device, "", timed, dispatch_s=figures["dispatch_s"],
+                                    bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"]))
+    return cost.kernel_s, cost.ops
+
+
+def framework_from_rounds(probe: dict, figures: dict, device: str) -> dict:
+    """The framework's time per op from the probe's steps taken between the point's own
+    (:mod:`.probethread`): each round's step less its ops as that round timed them, per op; the median."""
+    per_op, kernels = [], []
+    for step, timed in zip(probe["steps_s"], probe["timed"], strict=True):
+        kernel_s, ops = _kernels(probe["trace"], timed, figures, device)
+        per_op.append((step - kernel_s) / ops)
+        kernels.append(kernel_s)
+    return {"per_op_s": statistics.median(per_op), "rounds_per_op_s": per_op,
+            "step_s": statistics.median(probe["steps_s"]), "kernel_s": statistics.median(kernels),
+            "probe": f"{probe['label']}, one step in each of the point's {len(per_op)} rate rounds"}
+
+
 def framework_time(case: Case, cache: RateCache) -> dict:
     """The architecture's framework time per op (see the module's text), from the cache or probed now: the
     median of the probe's rounds, each its steps' median less its ops' timed cost (one trial each), per op."""
@@ -183,9 +204,7 @@ def framework_time(case: Case, cache: RateCache) -> dict:
     figures = _figures(cache, case.device)
 
     def price(entries: list[dict]) -> tuple[float, int]:
-        cost = step_cost(entries, Rates(case.device, "", measure_entries(entries, case.device, trials=1), dispatch_s=figures["dispatch_s"],
-                                        bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"]))
-        return cost.kernel_s, cost.ops
+        return _kernels(entries, measure_entries(entries, case.device, trials=1), figures, case.device)
 
     probe = probe_case(case)
     schedule = _probe(probe, price)
@@ -196,13 +215,15 @@ def framework_time(case: Case, cache: RateCache) -> dict:
     return found
 
 
-def measured_rates(case: Case, entries: list[dict], cache: RateCache,
-                   fresh: dict[str, float] | None = None) -> tuple[Rates, dict]:
+def measured_rates(case: Case, entries: list[dict], cache: RateCache, fresh: dict[str, float] | None = None,
+                   probe: dict | None = None, between: dict | None = None) -> tuple[Rates, dict]:
     """The Rates that price `entries` on this machine (`fresh`: entries timed between the point's steps,
-    which the cache is then given), and how many of them were timed now."""
+    which the cache is then given; `probe`: the framework probe's steps taken between them; `between`: the
+    bandwidth and the dispatcher's time measured between them, over the cache's), and how many of them
+    were timed now."""
     t0 = time.perf_counter()
-    figures = _figures(cache, case.device)
-    framework = framework_time(case, cache)
+    figures = {**_figures(cache, case.device), **{k: v for k, v in (between or {}).items() if v}}
+    framework = framework_from_rounds(probe, figures, case.device) if probe else framework_time(case, cache)
     timed, now = _timed(entries, cache, case.device, fresh)
     machine = cache.machine
     stamps = cache.measured_at(list(timed), architecture_key(case))
@@ -248,11 +269,15 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     cache = RateCache(directory, machine_facts(case.device, threads))
     rounds = rounds or {}
     fresh = rounds.get("per_call_s") or {}
-    rates, how = measured_rates(case, entries, cache, fresh)
+    rates, how = measured_rates(case, entries, cache, fresh, rounds.get("probe"), rounds.get("figures"))
     rates = replace(rates, fault_s=rounds.get("fault_s") or 0.0)
     cost = step_cost(entries, rates, heap_faults(entries, rounds))
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
+            "framework_rounds": len(how["framework"].get("rounds_per_op_s") or []),
+            "framework_probe_error": rounds.get("probe_error"),
+            "bandwidth_bytes_per_s": rates.bandwidth_bytes_per_s, "dispatch_s": rates.dispatch_s,
+            "figures_between_steps": sorted(k for k, v in (rounds.get("figures") or {}).items() if v),
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
             "rate_rounds": rounds.get("rounds", 0), "rate_rounds_s": rounds.get("seconds", 0.0),

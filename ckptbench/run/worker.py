@@ -77,7 +77,7 @@ class StepSchedule:
         self.stopped_by: str | None = None  # "precision" | "max_steps" | "max_time", once timing stops
         self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
         self._t_timed: float | None = None
-        self.rounds = RateRounds(device.type)  # op rates timed between the timed steps (run/raterounds.py)
+        self.rounds = RateRounds(device.type, self.rule.max_steps, case)  # op rates, framework: run/raterounds.py
 
     def __iter__(self):
         k = 0
@@ -130,7 +130,7 @@ class StepSchedule:
                 # the rule's clock is the steps' own: the rate rounds between them are not timed steps
                 self.stopped_by = self.rule.verdict(times, self.timed_s - self.rounds.spent_s)
             # outside the step's timer, inside the timing window; budgeted by the rule's clock, the steps' own
-            self.rounds.offer(time.perf_counter() - self._t_timed - self.rounds.spent_s)
+            self.rounds.offer(time.perf_counter() - self._t_timed - self.rounds.spent_s, n)
 
     def _close(self) -> None:
         if self._window == "timed":
@@ -139,6 +139,7 @@ class StepSchedule:
             self.steps.end()
 
     def finish(self) -> StepStats:
+        self.rounds.close()  # the framework probe's thread ends inside the point's offload context
         self._close()
         self._window = None
         return self.stats

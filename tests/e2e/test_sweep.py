@@ -108,6 +108,10 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         assert model["fault_s"] == model["heap_faults"] * model["fault_price_s"]
         assert model["predicted_s"] == model["kernel_s"] + model["framework_s"] + model["fault_s"]
         assert len(m["step_minor_faults"]) == len(m["step_times_s"]) and min(m["step_minor_faults"]) >= 0
+        # the framework's time from the probe's steps, one in each rate round, beside the point's own
+        assert model["framework_probe_error"] is None, model["framework_probe_error"]
+        assert model["framework_rounds"] == model["rate_rounds"], model
+        assert model["framework_probe"].endswith(f"one step in each of the point's {model['rate_rounds']} rate rounds")
 
 
 def _default_sigint() -> None:

@@ -1,0 +1,167 @@
+"""The framework probe's steps taken one at a time between a point's own timed steps.
+
+The framework's time per op (:mod:`.steptime`) is measured on the point's architecture shrunk to no work.
+Probed once, before or after the point, it samples another moment of a machine whose speed flips by 2×
+within a second: six probes of one architecture, fifteen rounds each, gave medians from 4.6 to 7.0 µs an
+op, and a step of 20 ms whose framework is a third of it then misses by a fifth.  So the probe runs beside
+the point: its model and its own loop (the point's: manual, Accelerate or Trainer) live in a thread of
+their own, parked at the start of each timed step, and each of the point's rate rounds
+(:mod:`.raterounds`) lets it take one step, timed in that thread's CPU time, then times the ops that step
+ran, once each, and parks it again.  Only one of the two threads ever runs: the point's thread waits
+while the probe steps, and the probe waits while the point steps, so neither step shares the interpreter
+with the other.  The random number generators the probe seeds are put back as the point left them.
+
+A round gives the probe's step and its ops' timings; the framework's time is priced from them with the
+machine's figures in :func:`.steptime.framework_from_rounds`.  CPU only, as the rate rounds are.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from contextlib import contextmanager
+
+from ..spec import Case
+from .steptime import PROBE_WARMUP, _probe, _ProbeSchedule, probe_case
+
+MAX_STEPS = 400  # the most steps a probe plans (a Trainer must be told in advance); rounds past it go without
+WAIT_S = 300.0  # the longest the point waits for the probe to start or step (a loaded machine: minutes)
+
+
+@contextmanager
+def _generators_kept():
+    """Put torch's, Python's and numpy's global generators back as they were: the probe seeds them."""
+    import numpy as np
+    import torch
+
+    kept = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(kept[0])
+        random.setstate(kept[1])
+        np.random.set_state(kept[2])
+
+
+class _Parked(_ProbeSchedule):
+    """The probe's schedule in its thread: warm-up steps and the recorded step run at once; every timed
+    step waits at its start for the point's thread to call for it (:meth:`ProbeThread.step`)."""
+
+    def __init__(self, layers: list, device, thread: ProbeThread):
+        super().__init__(layers, device, price=None)
+        self.total = PROBE_WARMUP + 1 + MAX_STEPS
+        self.thread = thread
+        self.timed: list[dict] = []  # each round's ops, key -> seconds per call
+
+    def __iter__(self):
+        k = 0
+        while k < self.total and not self.done:
+            yield k
+            k += 1
+
+    @property
+    def done(self) -> bool:
+        return self.thread.stopping
+
+    def begin(self, k: int) -> None:
+        if self.kind(k) == "timed":
+            self.thread.park()
+            if self.done:
+                return  # this step runs untimed, and the loop ends after it
+        super().begin(k)
+
+    def end(self, k: int, loss) -> None:
+        if self.kind(k) != "timed":
+            super().end(k, loss)
+            return
+        if self.done:
+            return
+        from ..measure.oprates import measure_entries
+
+        self.timer.stop()
+        self.steps.append((self.timer.cpu_times() if self.cpu else self.timer.times())[-1])
+        self.timed.append(measure_entries(self.recorder.trace(), self.thread.device, trials=1))
+
+
+class ProbeThread:
+    """The probe of `case`'s architecture in a thread, one step per :meth:`step` (see the module's text)."""
+
+    def __init__(self, case: Case):
+        self.case = probe_case(case)
+        self.device = case.device
+        self.schedule: _Parked | None = None
+        self.stopping = False
+        self.error: str | None = None
+        self._go, self._parked = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ended = False
+
+    # --- the probe's thread
+    def _run(self, threads: int) -> None:
+        import torch
+
+        try:
+            torch.set_num_threads(threads)  # a new thread starts with the process's default
+            _probe(self.case, None, lambda layers, device, price: self._schedule(layers, device))
+        except BaseException as exc:  # noqa: BLE001 (reported in the record; the point goes on without it)
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            self._ended = True
+            self._parked.set()  # never leave the point's thread waiting
+
+    def _schedule(self, layers: list, device) -> _Parked:
+        self.schedule = _Parked(layers, device, self)
+        return self.schedule
+
+    def park(self) -> None:
+        """In the probe's thread: hand the interpreter back and wait to be called for."""
+        self._parked.set()
+        self._go.wait()
+        self._go.clear()
+
+    # --- the point's thread
+    def _wait(self) -> None:
+        if not self._parked.wait(WAIT_S):  # never stepped again: it is left parked or running to its end
+            self.error, self._ended = f"the probe did not step within {WAIT_S:.0f} s", True
+
+    def _hand_over(self) -> None:
+        with _generators_kept():
+            self._parked.clear()
+            self._go.set()
+            self._wait()
+
+    def step(self) -> bool:
+        """Start the probe (its model, warm-up and recorded steps) the first time; then one timed step and
+        its ops' timings.  False when the probe has failed or ended (:attr:`error` says why)."""
+        import torch
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, args=(torch.get_num_threads(),), daemon=True,
+                                            name="framework-probe")
+            with _generators_kept():
+                self._thread.start()
+                self._wait()
+        if self._ended:
+            return False
+        self._hand_over()
+        return not self._ended or bool(self.schedule and self.schedule.steps)
+
+    def close(self) -> None:
+        """Let the probe's loop end (one last untimed step) and wait for its thread."""
+        if self._thread is None or self.stopping:
+            return
+        self.stopping = True
+        if not self._ended:
+            self._hand_over()  # its last step, untimed; the loop ends after it
+        self._thread.join(timeout=0.0 if self.error and self._thread.is_alive() else WAIT_S)
+
+    def result(self) -> dict | None:
+        """The probe's recorded step (its op trace), each round's step seconds and op timings; None
+        without a round."""
+        s = self.schedule
+        if s is None or not s.steps:
+            return None
+        rounds = min(len(s.steps), len(s.timed))
+        return {"trace": s.recorder.trace(), "steps_s": s.steps[:rounds], "timed": s.timed[:rounds],
+                "label": f"{self.case.model.label}, {self.case.strategy}, b=1 s={self.case.seq_len}",
+                "error": self.error}

@@ -1,0 +1,170 @@
+"""The framework probe stepped between a point's own steps (run/probethread.py), the rounds that step it
+(run/raterounds.py) and the framework's time priced from its rounds (run/steptime.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+
+import pytest
+import torch
+
+from ckptbench.spec import Case, Setup, TrainSpec, preset
+
+
+def _case(loop: str = "manual", every: int = 1, offload: bool = False) -> Case:
+    model = preset("gpt2-tiny")
+    return Case(model=model, train=TrainSpec(), batch_size=1, seq_len=8, every_n_layers=every, offload=offload,
+                setup=Setup(loop=loop))
+
+
+@pytest.mark.parametrize("loop", ["manual", "accelerate", "trainer"])
+def test_the_probe_takes_one_step_per_call_through_the_points_loop_in_a_thread_of_its_own(loop):
+    """Each call runs one timed probe step and one timing of its ops, then the probe waits: never a step
+    more than asked for; its steps ran in another thread, at the point's thread count (one: CPU time);
+    the point's random generators are as the point left them; closing ends the thread."""
+    from ckptbench.run.probethread import ProbeThread
+
+    torch.set_num_threads(1)
+    torch.manual_seed(1234)
+    random.seed(99)
+    before = torch.random.get_rng_state(), random.getstate()
+    probe = ProbeThread(_case(loop))
+    for calls in (1, 2, 3):
+        assert probe.step(), probe.error
+        assert len(probe.schedule.steps) == len(probe.schedule.timed) == calls  # parked again after each
+    assert torch.equal(torch.random.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert probe.schedule.cpu  # the thread ran one torch thread: its steps are timed in its own CPU time
+    assert probe._thread.is_alive() and probe._thread is not threading.current_thread()
+    probe.close()
+    assert not probe._thread.is_alive() and probe.error is None
+    result = probe.result()
+    replayable = {e["key"] for e in result["trace"] if e["kind"] != "view"}
+    assert len(result["steps_s"]) == 3 and min(result["steps_s"]) > 0
+    assert all(set(t) <= replayable and len(t) >= 0.9 * len(replayable) for t in result["timed"])
+    assert result["label"].startswith("gpt2-") and "b=1 s=16" in result["label"]
+
+
+def test_a_probe_that_cannot_run_says_why_and_never_leaves_the_point_waiting(monkeypatch):
+    from ckptbench.run import probethread
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such loop here")
+
+    monkeypatch.setattr(probethread, "_probe", broken)
+    probe = probethread.ProbeThread(_case())
+    assert probe.step() is False and probe.error == "RuntimeError: no such loop here"
+    probe.close()
+    assert probe.result() is None
+
+
+def test_the_probe_ends_inside_an_offloaded_points_context_as_it_found_it():
+    """An offloaded point's probe enters the same offload context in its thread and leaves it before the
+    point does: the patched name is the point's again once the probe has closed."""
+    import transformers.modeling_utils as mu
+
+    from ckptbench.run.probethread import ProbeThread
+    from ckptbench.train.checkpointing import offload_for
+
+    torch.set_num_threads(1)
+    case = _case(offload=True)
+    outside = mu.save_on_cpu
+    with offload_for(case):
+        inside = mu.save_on_cpu
+        probe = ProbeThread(case)
+        assert probe.step() and probe.step(), probe.error
+        probe.close()
+        assert mu.save_on_cpu is inside
+    assert mu.save_on_cpu is outside
+
+
+def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
+    """With the share spent, a point still gets MIN_ROUNDS rounds, one every cap/MIN_ROUNDS steps; past
+    them only the share adds rounds."""
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import MIN_ROUNDS, RateRounds
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(8, 4) @ torch.ones(4, 2)
+    rounds = RateRounds("cpu", max_steps=5 * MIN_ROUNDS)
+    rounds.use(recorder.trace(), sequence=[1 << 20, -(1 << 20)])
+    after = []
+    for step in range(1, 5 * MIN_ROUNDS + 1):
+        before = rounds.rounds
+        rounds.offer(steps_s=0.0, step=step)  # steps of no time: the share never admits a round
+        if rounds.rounds > before:
+            after.append(step)
+    assert after == [1] + [5 * k for k in range(1, MIN_ROUNDS)]
+    result = rounds.result()
+    assert result["probe"] is None  # no Case: no framework probe
+    # the allocations replayed once; the ops' own faults counted in the first round only, before the replay
+    assert result["heap_faults"] is not None and result["faults_per_call"]
+    assert all(len(v) == 1 for v in rounds.faults_per_call.values()) and len(rounds.prices) == MIN_ROUNDS
+    # every round timed one copy beyond the caches on buffers kept between rounds, freed at the end
+    assert len(rounds.bandwidths) == MIN_ROUNDS and result["figures"]["bandwidth_bytes_per_s"] > 0
+    assert rounds._buffers is None
+
+
+def test_rounds_go_on_without_the_copy_where_its_buffers_cannot_be_had(monkeypatch):
+    from ckptbench.measure import oprates
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import RateRounds
+
+    def refused(*args, **kwargs):
+        raise MemoryError  # as a point near its --memory-gib cap would be refused 256 MiB
+
+    monkeypatch.setattr(oprates, "copy_buffers", refused)
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(8, 4) @ torch.ones(4, 2)
+    rounds = RateRounds("cpu", max_steps=3)
+    rounds.use(recorder.trace())
+    for step in (1, 2, 3):
+        rounds.offer(steps_s=0.0, step=step)
+    result = rounds.result()
+    assert result["rounds"] == 3 and result["per_call_s"] and result["figures"]["bandwidth_bytes_per_s"] is None
+
+
+def test_the_framework_per_op_is_each_rounds_step_less_its_ops_as_that_round_timed_them():
+    from ckptbench.run.steptime import framework_from_rounds
+
+    def entry(key, kind, counts):
+        return {"key": key, "op": f"aten.{key}.default", "kind": kind, "flops": 0, "bytes": 8,
+                "counts": {"forward": 0, "backward": 0, "recompute": 0, "optimizer": 0, **counts}}
+
+    trace = [entry("mm", "matmul", {"forward": 2, "backward": 2}), entry("view", "view", {"forward": 6})]
+    figures = {"dispatch_s": 1e-6, "bandwidth_bytes_per_s": 1e9}
+    probe = {"trace": trace, "steps_s": [1e-3, 2e-3, 4e-3], "label": "x",
+             "timed": [{"mm": 1e-4}, {"mm": 2e-4}, {"mm": 1e-4}]}
+    found = framework_from_rounds(probe, figures, "cpu")
+    # 10 ops: 4 mm calls, 6 views at the dispatcher's 1 us
+    by_hand = [(1e-3 - 4e-4 - 6e-6) / 10, (2e-3 - 8e-4 - 6e-6) / 10, (4e-3 - 4e-4 - 6e-6) / 10]
+    assert found["rounds_per_op_s"] == pytest.approx(by_hand)
+    assert found["per_op_s"] == pytest.approx(by_hand[1]) and found["step_s"] == 2e-3
+    assert found["probe"] == "x, one step in each of the point's 3 rate rounds"
+    json.dumps(found)  # the record keeps it
+
+
+def test_a_prediction_takes_the_bandwidth_and_framework_measured_between_the_steps(tmp_path):
+    """The rounds' copy bandwidth replaces the cache's figure, and the framework's time comes from the probe's
+    rounds, not from the architecture's cached probe."""
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.ratecache import RateCache, machine_facts
+    from ckptbench.run.steptime import architecture_key, measured_rates
+
+    case = _case()
+    cache = RateCache(str(tmp_path), machine_facts("cpu", 1))
+    cache.add({}, figures={"dispatch_s": 1e-6, "bandwidth_bytes_per_s": 5e9})
+    cache.add({}, framework={architecture_key(case): {"per_op_s": 9e-6, "probe": "cached"}})
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(8, 4) @ torch.ones(4, 2)
+    trace = recorder.trace()
+    rates, how = measured_rates(case, trace, cache)
+    assert rates.bandwidth_bytes_per_s == 5e9 and rates.framework_s_per_op == 9e-6 and how["framework"]["probe"] == "cached"
+    probe = {"trace": trace, "steps_s": [1e-3], "timed": [{}], "label": "p"}
+    rates, how = measured_rates(case, trace, cache, probe=probe, between={"bandwidth_bytes_per_s": 2e10})
+    assert rates.bandwidth_bytes_per_s == 2e10 and how["framework"]["probe"].startswith("p, one step in each")
+    assert rates.framework_s_per_op == how["framework"]["per_op_s"] != 9e-6
