@@ -50,7 +50,7 @@ def suite_text(preset: str, layers: int, grid: list[tuple], steps: int) -> str:
             f"every_n_layers = {sorted({p[0] for p in grid})}\noffload = [false, true]\n")
 
 
-def run_model(name: str, index: int, out: str, steps: int, loads: dict) -> list[dict]:
+def run_model(name: str, index: int, out: str, steps: int, loads: dict, only: list[str] | None = None) -> list[dict]:
     from ckptbench.run.sweep import SweepOptions, run_sweep
     from ckptbench.store.records import load_records
     from ckptbench.suite import parse_suite
@@ -67,7 +67,10 @@ def run_model(name: str, index: int, out: str, steps: int, loads: dict) -> list[
 
     records = []
     for k, case in enumerate(cases):  # each point a sweep of its own: its rates timed after its own steps
-        run_dir = os.path.join(out, name, f"{k:02d}-{case.strategy}-b{case.batch_size}-s{case.seq_len}")
+        point = f"{case.strategy}-b{case.batch_size}-s{case.seq_len}"
+        if only and point not in only:
+            continue
+        run_dir = os.path.join(out, name, f"{k:02d}-{point}")
         run_sweep(dataclasses.replace(suite, cases=(case,)), SweepOptions(out_dir=run_dir), annotate=annotate)
         records += load_records(run_dir).records
     return records
@@ -121,6 +124,7 @@ def main() -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--steps", type=int, default=3, help="timed steps per point (the suites' default: 3)")
     p.add_argument("--passes", type=int, default=1, help="run the grid this many times, one table each")
+    p.add_argument("--only", default="", help="these points only, e.g. every-2-b4-s128,full+offload-b1-s128")
     args = p.parse_args()
     import torch
 
@@ -132,7 +136,8 @@ def main() -> int:
         out = os.path.join(args.out, f"pass-{k + 1}") if args.passes > 1 else args.out
         rows = []
         for name in args.models.split(","):
-            records = run_model(name, list(MODELS).index(name), out, args.steps, loads)
+            records = run_model(name, list(MODELS).index(name), out, args.steps, loads,
+                                [x for x in args.only.split(",") if x])
             rows += [row(name, r, loads.get(r["case_id"])) for r in records]
             print(f"{name}: {len(records)} points", file=sys.stderr, flush=True)
         rows.sort(key=lambda x: (list(MODELS).index(x["model"]), x["strategy"], x["batch"], x["seq"]))
