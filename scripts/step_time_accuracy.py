@@ -1,6 +1,7 @@
 """Print docs/step-time-model.md's accuracy table: the step-time model's prediction beside the measured step.
 
     python scripts/step_time_accuracy.py [--out DIR] [--models llama,qwen2,gpt2] [--steps N] [--passes N]
+                                         [--only POINTS] [--max-steps N]
 
 Every point runs through the product's own sweep, one sweep per point: a fresh worker builds the model,
 runs its warm-up, memory and timed steps, then predicts its own step time
@@ -43,14 +44,16 @@ def points(model_index: int) -> list[tuple[int, bool, int, int]]:
             for k, (n, off) in enumerate(STRATEGIES) for j, b in enumerate(BATCHES)]
 
 
-def suite_text(preset: str, layers: int, grid: list[tuple], steps: int) -> str:
+def suite_text(preset: str, layers: int, grid: list[tuple], steps: int, max_steps: int | None = None) -> str:
+    cap = f"max_steps = {max_steps}\n" if max_steps else ""
     return (f'[suite]\nname = "step-time-{preset}"\ntimeout_s = 1800\n[model]\npreset = "{preset}"\nlayers = {layers}\n'
-            f'max_positions = {max(SEQS)}\nattn = "sdpa"\n[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = {steps}\nthreads = 1\n'
+            f'max_positions = {max(SEQS)}\nattn = "sdpa"\n[train]\nwarmup_steps = 1\nmemory_steps = 1\nsteps = {steps}\nthreads = 1\n{cap}'
             f"[sweep]\nbatch_size = {sorted({p[2] for p in grid})}\nseq_len = {sorted({p[3] for p in grid})}\n"
             f"every_n_layers = {sorted({p[0] for p in grid})}\noffload = [false, true]\n")
 
 
-def run_model(name: str, index: int, out: str, steps: int, loads: dict, only: list[str] | None = None) -> list[dict]:
+def run_model(name: str, index: int, out: str, steps: int, loads: dict, only: list[str] | None = None,
+              max_steps: int | None = None) -> list[dict]:
     from ckptbench.run.sweep import SweepOptions, run_sweep
     from ckptbench.store.records import load_records
     from ckptbench.suite import parse_suite
@@ -58,7 +61,7 @@ def run_model(name: str, index: int, out: str, steps: int, loads: dict, only: li
 
     preset, layers = MODELS[name]
     grid = points(index)
-    suite = parse_suite(suite_text(preset, layers, grid, steps), f"step-time accuracy {name}")
+    suite = parse_suite(suite_text(preset, layers, grid, steps, max_steps), f"step-time accuracy {name}")
     cases = [c for c in suite.cases if (c.every_n_layers, c.offload, c.batch_size, c.seq_len) in grid]
 
     def annotate(case, record):
@@ -125,6 +128,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="timed steps per point (the suites' default: 3)")
     p.add_argument("--passes", type=int, default=1, help="run the grid this many times, one table each")
     p.add_argument("--only", default="", help="these points only, e.g. every-2-b4-s128,full+offload-b1-s128")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="the timed steps' cap (train.max_steps; default the suites' 50): a short step reaches its "
+                        "±2 %% target, or the cap, over a longer window")
     args = p.parse_args()
     import torch
 
@@ -137,7 +143,7 @@ def main() -> int:
         rows = []
         for name in args.models.split(","):
             records = run_model(name, list(MODELS).index(name), out, args.steps, loads,
-                                [x for x in args.only.split(",") if x])
+                                [x for x in args.only.split(",") if x], args.max_steps)
             rows += [row(name, r, loads.get(r["case_id"])) for r in records]
             print(f"{name}: {len(records)} points", file=sys.stderr, flush=True)
         rows.sort(key=lambda x: (list(MODELS).index(x["model"]), x["strategy"], x["batch"], x["seq"]))
