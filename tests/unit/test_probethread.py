@@ -19,8 +19,21 @@ def _case(loop: str = "manual", every: int = 1, offload: bool = False) -> Case:
                 setup=Setup(loop=loop))
 
 
+@pytest.fixture
+def fresh_accelerate():
+    """accelerate's process-wide state as a worker starts with it: none (a test before this one may have
+    left an Accelerator of another precision, which a worker process, one point each, never has)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 @pytest.mark.parametrize("loop", ["manual", "accelerate", "trainer"])
-def test_the_probe_takes_one_step_per_call_through_the_points_loop_in_a_thread_of_its_own(loop):
+def test_the_probe_takes_one_step_per_call_through_the_points_loop_in_a_thread_of_its_own(loop, fresh_accelerate):
     """Each call runs one timed probe step and one timing of its ops, then the probe waits: never a step
     more than asked for; its steps ran in another thread, at the point's thread count (one: CPU time);
     the point's random generators are as the point left them; closing ends the thread."""
