@@ -163,5 +163,4 @@ class ProbeThread:
             return None
         rounds = min(len(s.steps), len(s.timed))
         return {"trace": s.recorder.trace(), "steps_s": s.steps[:rounds], "timed": s.timed[:rounds],
-                "label": f"{self.case.model.label}, {self.case.strategy}, b=1 s={self.case.seq_len}",
-                "error": self.error}
+                "label": f"{self.case.model.label}, {self.case.strategy}, b=1 s={self.case.seq_len}"}

@@ -78,8 +78,8 @@ class RateRounds:
         self._bandwidth()  # first: the copy leaves the caches cold, and the ops' warm-up calls warm them
         if self.probe is None and self.case is not None:
             self.probe = ProbeThread(self.case)
-        if self.probe is not None and not self.probe.step():  # one framework-probe step and its ops' timings
-            self.probe.close()
+        if self.probe is not None:
+            self.probe.step()  # one framework-probe step and its ops' timings (none once it has failed)
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append(seconds)
@@ -110,7 +110,8 @@ class RateRounds:
 
     def close(self) -> None:
         """The timed steps are over: let the framework probe's thread end, free the copy's buffers."""
-        self._buffers = None if self._buffers is not False else False
+        if self._buffers:
+            self._buffers = None
         if self.probe is not None:
             self.probe.close()
 

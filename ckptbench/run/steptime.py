@@ -219,8 +219,8 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache, fresh: dic
                    probe: dict | None = None, between: dict | None = None) -> tuple[Rates, dict]:
     """The Rates that price `entries` on this machine (`fresh`: entries timed between the point's steps,
     which the cache is then given; `probe`: the framework probe's steps taken between them; `between`: the
-    bandwidth and the dispatcher's time measured between them, over the cache's), and how many of them
-    were timed now."""
+    figures measured between them (the copy bandwidth), over the cache's), and how many of them were timed
+    now."""
     t0 = time.perf_counter()
     figures = {**_figures(cache, case.device), **{k: v for k, v in (between or {}).items() if v}}
     framework = framework_from_rounds(probe, figures, case.device) if probe else framework_time(case, cache)
