@@ -11,8 +11,9 @@ in the step.  An op that cannot be replayed from its signature (an argument that
 object) gives None, and the cost model prices it from its bytes instead.
 
 Also here: the per-call time of the cheapest op the dispatcher serves (an alias, :func:`dispatch_overhead`),
-this device's copy bandwidth for an op-less estimate (:func:`memory_bandwidth`), and on CUDA the pinned
-host↔device copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
+this device's copy bandwidth for an op-less estimate (:func:`memory_bandwidth`) and the rate an in-place op
+reads and writes back beyond the caches (:func:`inplace_bandwidth`), and on CUDA the pinned host↔device
+copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
 """
 
 from __future__ import annotations
@@ -184,6 +185,26 @@ def copy_once(buffers: tuple[torch.Tensor, torch.Tensor], device: str = "cpu") -
     dst.copy_(src)
     _sync(device)
     return 2 * src.nbytes / (now() - t0)
+
+
+def inplace_once(buffer: torch.Tensor, device: str = "cpu") -> float:
+    """Bytes per second an in-place element-wise op spans (its tensor read, then written back) over
+    `buffer`, touched once just before it (a pass that puts its value back), so that it meets the buffer
+    where the step meets its own tensors: touched one pass ago.  With :func:`copy_once` it splits a
+    memory-bound op's floor in two (:mod:`ckptbench.theory.steptime`): the bytes it reads and writes back,
+    at this rate, and the bytes it writes fresh, which a copy also reads first (write-allocate)."""
+    buffer.mul_(1 / OTHER_FLOAT)
+    now = clock(device)
+    t0 = now()
+    buffer.mul_(OTHER_FLOAT)
+    _sync(device)
+    return 2 * buffer.nbytes / (now() - t0)
+
+
+def inplace_bandwidth(device: str = "cpu", nbytes: int = BANDWIDTH_BYTES) -> float:
+    """:func:`inplace_once` on a buffer beyond the caches, the median of five."""
+    buffer = torch.ones(nbytes // 4, device=device)
+    return statistics.median(inplace_once(buffer, device) for _ in range(5))
 
 
 def matmul_rate(device: str = "cpu", n: int = 4096, dtype: str = "bfloat16") -> float:

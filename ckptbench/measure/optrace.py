@@ -5,8 +5,10 @@
 calls per phase, as :class:`~.flops.FlopCounter` files FLOPs: ``forward``, ``backward``, ``recompute`` (an
 op inside backward with grad mode on: non-reentrant checkpoint re-running a layer's forward) and
 ``optimizer``.  Each entry also carries what one call costs in the units a cost model needs: its FLOPs
-(torch's own formulas, :func:`.flops._registry`) and the bytes its tensors span (inputs and outputs; a
-broadcast dimension, stride 0, counts once).  Copies the step makes outside the dispatcher's view (the
+(torch's own formulas, :func:`.flops._registry`), the bytes its tensors span (inputs and outputs; a
+broadcast dimension, stride 0, counts once) and, of those, the bytes of outputs that share no storage with
+an input (``fresh_bytes``: memory the op writes without having read it, which a CPU's write-allocate
+cache reads first; an in-place op has none).  Copies the step makes outside the dispatcher's view (the
 host↔device copies of offloaded activations) are filed by :meth:`OpRecorder.copy` as ``copy.d2h`` /
 ``copy.h2d`` entries.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from .flops import PHASES, FlopCounter
@@ -104,11 +107,11 @@ class OpRecorder(FlopCounter):
             return "recompute"
         return self.phase
 
-    def _entry(self, key: str, op: str, kind: str, flops: int, nbytes: int) -> dict:
+    def _entry(self, key: str, op: str, kind: str, flops: int, nbytes: int, fresh: int = 0) -> dict:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = {"key": key, "op": op, "kind": kind, "flops": flops, "bytes": nbytes,
-                                         "counts": dict.fromkeys(PHASES, 0)}
+                                         "fresh_bytes": fresh, "counts": dict.fromkeys(PHASES, 0)}
         return entry
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -122,12 +125,19 @@ class OpRecorder(FlopCounter):
         if entry is None:
             formula = self.registry.get(func._overloadpacket)
             flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            # an out= tensor is written, not read: it is an output here
+            given = {k: v for k, v in kwargs.items() if k != "out"}
+            inputs = [t for t in tree_flatten((args, given))[0] if isinstance(t, torch.Tensor)]
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            tensors = inputs + outputs
             kind = "copy" if len({t.device.type for t in tensors}) > 1 else kind_of(str(func), flops, func)
             spans = [spanned_bytes(t) for t in tensors]
             # a copy between devices is priced by the bytes that cross the link: its payload, once
             nbytes = 0 if kind == "view" else max(spans, default=0) if kind == "copy" else sum(spans)
-            entry = self._entry(key, str(func), kind, flops, nbytes)
+            read = {StorageWeakRef(t.untyped_storage()).cdata for t in inputs}
+            fresh = 0 if kind in ("view", "copy") else sum(
+                spanned_bytes(t) for t in outputs if StorageWeakRef(t.untyped_storage()).cdata not in read)
+            entry = self._entry(key, str(func), kind, flops, nbytes, fresh)
         entry["counts"][phase] += 1
         if self.calls is not None:
             self.calls.append(key)

@@ -15,7 +15,8 @@ round runs after the first timed step and then whenever the rounds so far have c
 :data:`SHARE` of the timed steps' time, so the timing window grows by at most about that share (plus one
 round).  The first round also replays the memory step's allocations for their page faults
 (:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
-round prices a fault, times one copy beyond the caches (the floor of a memory-bound op), and lets the
+round prices a fault, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
+op), and lets the
 framework probe take one step (:mod:`.probethread`).  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
 them (measured: the median step after a round over the median step back to back, 0.93 to 1.02 on three
 models, three times each).
@@ -42,6 +43,7 @@ class RateRounds:
         self.case = case  # its architecture is probed for the framework's time in each round (.probethread)
         self.probe = None
         self.bandwidths: list[float] = []  # bytes/s of a copy beyond the caches, one per round
+        self.inplace: list[float] = []  # bytes/s an in-place op spans beyond the caches, one per round
         self._buffers = None  # the copy's, kept from round to round (False: they could not be had)
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[float]] = {}
@@ -97,15 +99,17 @@ class RateRounds:
         self.spent_s += time.perf_counter() - t0
 
     def _bandwidth(self) -> None:
-        """The copy bandwidth (a memory-bound op's floor), as the ops are timed, at this round's speed."""
-        from ..measure.oprates import copy_buffers, copy_once
+        """The copy bandwidth and the in-place rate (a memory-bound op's floor), as the ops are timed, at this
+        round's speed."""
+        from ..measure.oprates import copy_buffers, copy_once, inplace_once
 
         if self._buffers is False:
             return
         try:
             self._buffers = self._buffers or copy_buffers(self.device)
             self.bandwidths.append(copy_once(self._buffers, self.device))
-        except (RuntimeError, MemoryError):  # a point near its memory cap: the bandwidth measured once stands
+            self.inplace.append(inplace_once(self._buffers[0], self.device))  # the copy's source, read back
+        except (RuntimeError, MemoryError):  # a point near its memory cap: the figures measured once stand
             self._buffers = False
 
     def close(self) -> None:
@@ -125,5 +129,6 @@ class RateRounds:
                 "faults_per_call": {k: statistics.median(v) for k, v in self.faults_per_call.items()},
                 "heap_faults": self.heap_faults, "fault_s": statistics.median(self.prices) if self.prices else None,
                 "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
-                "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None},
+                "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None,
+                            "inplace_bytes_per_s": statistics.median(self.inplace) if self.inplace else None},
                 "probe_error": self.probe.error if self.probe is not None else None}

@@ -159,11 +159,12 @@ def _timed(entries: list[dict], cache: RateCache, device: str,
 
 
 def _figures(cache: RateCache, device: str) -> dict:
-    """The dispatcher's per-call time and the copy bandwidth (for entries that cannot be replayed)."""
+    """The dispatcher's per-call time, the copy bandwidth and the in-place rate (a memory-bound op's floor)."""
     from ..measure import oprates
 
     wanted = {"dispatch_s": lambda: oprates.dispatch_overhead(device),
-              "bandwidth_bytes_per_s": lambda: oprates.memory_bandwidth(device)}
+              "bandwidth_bytes_per_s": lambda: oprates.memory_bandwidth(device),
+              "inplace_bytes_per_s": lambda: oprates.inplace_bandwidth(device)}
     if device == "cuda":
         wanted["matmul_flops_per_s"] = lambda: oprates.matmul_rate(device)
         wanted["link_bytes_per_s"] = lambda: oprates.link_bandwidth()
@@ -175,7 +176,8 @@ def _figures(cache: RateCache, device: str) -> dict:
 def _kernels(entries: list[dict], timed: dict[str, float], figures: dict, device: str) -> tuple[float, int]:
     """The kernels' seconds of a probe's step (its ops at the times one round gave them) and its ops."""
     cost = step_cost(entries, Rates(device, "", timed, dispatch_s=figures["dispatch_s"],
-                                    bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"]))
+                                    bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"],
+                                    inplace_bytes_per_s=figures.get("inplace_bytes_per_s")))
     return cost.kernel_s, cost.ops
 
 
@@ -219,7 +221,7 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache, fresh: dic
                    probe: dict | None = None, between: dict | None = None) -> tuple[Rates, dict]:
     """The Rates that price `entries` on this machine (`fresh`: entries timed between the point's steps,
     which the cache is then given; `probe`: the framework probe's steps taken between them; `between`: the
-    figures measured between them (the copy bandwidth), over the cache's), and how many of them were timed
+    figures measured between them (the copy bandwidth, the in-place rate), over the cache's), and how many of them were timed
     now."""
     t0 = time.perf_counter()
     figures = {**_figures(cache, case.device), **{k: v for k, v in (between or {}).items() if v}}
@@ -235,6 +237,7 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache, fresh: dic
                   framework_s_per_op=framework["per_op_s"], host_bound=case.device == "cuda",
                   matmul_flops_per_s=figures.get("matmul_flops_per_s"),
                   bandwidth_bytes_per_s=figures["bandwidth_bytes_per_s"],
+                  inplace_bytes_per_s=figures.get("inplace_bytes_per_s"),
                   link_bytes_per_s=figures.get("link_bytes_per_s"))
     return rates, {"timed_now": now, "rates_s": time.perf_counter() - t0, "framework": framework, "stamps": stamps}
 
@@ -276,7 +279,8 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "framework_rounds": len(how["framework"].get("rounds_per_op_s") or []),
             "framework_probe_error": rounds.get("probe_error"),
-            "bandwidth_bytes_per_s": rates.bandwidth_bytes_per_s, "dispatch_s": rates.dispatch_s,
+            "bandwidth_bytes_per_s": rates.bandwidth_bytes_per_s, "inplace_bytes_per_s": rates.inplace_bytes_per_s,
+            "dispatch_s": rates.dispatch_s,
             "figures_between_steps": sorted(k for k, v in (rounds.get("figures") or {}).items() if v),
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],

@@ -8,8 +8,12 @@ entries with their counts.  Each entry is priced by a :class:`Rates` table:
 
 - an entry the device timed (:mod:`ckptbench.measure.oprates`: the op replayed on tensors of the same
   layout, median of a few trials) costs what it was timed at; a memory-bound one (element-wise, reduction,
-  copy) at least the bytes it spans over the memory bandwidth: timed back to back its tensors sit in the
-  cache, in the step they were written long before and come from memory;
+  copy) at least what its traffic beyond the caches takes: timed back to back its tensors sit in the
+  cache, in the step they were written long before and come from memory.  That floor has two measured
+  parts: every byte it spans at the rate an in-place op reads and writes back a buffer beyond the caches,
+  and every byte it writes fresh (an output sharing no storage with an input) once more, at what a copy
+  pays beyond that for its destination (a write-allocate cache reads a line before it is written).  Where
+  the in-place rate was not measured, the bytes it spans over the copy bandwidth;
 - a view (an op that returns an alias and moves nothing) costs the dispatcher's own per-call time;
 - an entry nobody timed is modelled: FLOPs over the matmul rate for a matmul or attention kernel, bytes
   it spans over the memory bandwidth otherwise, host↔device copies over the link, and never less than
@@ -58,7 +62,8 @@ class Rates:
     dispatch_s: float = 0.0  # a view's cost: the dispatcher serving an alias
     framework_s_per_op: float = 0.0  # host time per dispatched op beside the kernels (CPU)
     matmul_flops_per_s: float | None = None
-    bandwidth_bytes_per_s: float | None = None
+    bandwidth_bytes_per_s: float | None = None  # a copy's, source plus destination bytes over its time
+    inplace_bytes_per_s: float | None = None  # an in-place op's, its bytes read plus written back
     link_bytes_per_s: float | None = None  # host<->device, for copies nobody timed
     fault_s: float = 0.0  # a minor page fault (CPU), measured
     launch_s: float = 0.0  # the floor of a modelled kernel (CUDA)
@@ -94,7 +99,7 @@ def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
     if timed is not None:
         if kind == "memory" and rates.bandwidth_bytes_per_s:
             # timed back to back its tensors sit in the cache; in the step they were written long before
-            return max(timed, entry["bytes"] / rates.bandwidth_bytes_per_s), False
+            return max(timed, memory_floor(entry, rates)), False
         return timed, False
     if kind == "copy":
         if rates.device != "cuda":
@@ -105,8 +110,19 @@ def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
     if kind in ("matmul", "attention") and rates.matmul_flops_per_s:
         seconds = entry["flops"] / rates.matmul_flops_per_s
     if rates.bandwidth_bytes_per_s:
-        seconds = max(seconds, entry["bytes"] / rates.bandwidth_bytes_per_s)
+        seconds = max(seconds, memory_floor(entry, rates))
     return max(seconds, rates.launch_s) + rates.dispatch_s, True
+
+
+def memory_floor(entry: dict, rates: Rates) -> float:
+    """The least a memory-bound entry takes with its tensors beyond the caches (see the module's text): its
+    bytes at the in-place rate, plus its fresh bytes at the copy's write-allocate price (a copy of n bytes,
+    2n spanned and n fresh, takes 2n over the copy bandwidth: each fresh byte costs 2/copy - 2/in-place);
+    its bytes over the copy bandwidth where the in-place rate or the fresh bytes are not known."""
+    copy, inplace, fresh = rates.bandwidth_bytes_per_s, rates.inplace_bytes_per_s, entry.get("fresh_bytes")
+    if not inplace or fresh is None:
+        return entry["bytes"] / copy
+    return entry["bytes"] / inplace + fresh * max(0.0, 2 / copy - 2 / inplace)
 
 
 def step_cost(entries: list[dict], rates: Rates, heap_faults: float = 0.0) -> StepCost:

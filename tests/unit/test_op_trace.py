@@ -114,3 +114,25 @@ def test_the_fake_trace_is_the_real_steps_trace(name, every):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     assert _counts(recorder.trace()) == _counts(trace_case(case))
+    # the bytes each op writes fresh, too: the fake trace tells storages apart as the real step's tensors are
+    assert ({e["key"]: e["fresh_bytes"] for e in recorder.trace()}
+            == {e["key"]: e["fresh_bytes"] for e in trace_case(case)})
+
+
+def test_fresh_bytes_are_the_outputs_that_share_no_storage_with_an_input():
+    a, b = torch.ones(256, 64), torch.ones(256, 64)  # 64 KiB each
+    out = torch.empty(256, 64)
+    recorder = OpRecorder()
+    with recorder:
+        a.mul_(0.37)  # in place: read, then written back
+        a.lerp_(b, 0.37)
+        c = a * b  # a new output
+        torch.add(a, b, out=out)  # written without being read, though passed in
+        a.t()  # an alias: no bytes at all
+        a[:128].sqrt()  # a new output the size of the half it reads
+    fresh = {e["op"]: (e["bytes"], e["fresh_bytes"]) for e in recorder.trace()}
+    n = 256 * 64 * 4
+    assert fresh["aten.mul_.Tensor"] == (2 * n, 0) and fresh["aten.lerp_.Scalar"] == (3 * n, 0)
+    assert fresh["aten.mul.Tensor"] == (3 * n, n) and fresh["aten.add.out"] == (3 * n, n)
+    assert fresh["aten.t.default"] == (0, 0) and fresh["aten.sqrt.default"] == (n, n // 2)
+    assert c.shape == a.shape

@@ -117,6 +117,8 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     assert all(len(v) == 1 for v in rounds.faults_per_call.values()) and len(rounds.prices) == MIN_ROUNDS
     # every round timed one copy beyond the caches on buffers kept between rounds, freed at the end
     assert len(rounds.bandwidths) == MIN_ROUNDS and result["figures"]["bandwidth_bytes_per_s"] > 0
+    # and one in-place pass over the copy's source, which it leaves as it found it
+    assert len(rounds.inplace) == MIN_ROUNDS and result["figures"]["inplace_bytes_per_s"] > 0
     assert rounds._buffers is None
 
 
@@ -137,7 +139,8 @@ def test_rounds_go_on_without_the_copy_where_its_buffers_cannot_be_had(monkeypat
     for step in (1, 2, 3):
         rounds.offer(steps_s=0.0, step=step)
     result = rounds.result()
-    assert result["rounds"] == 3 and result["per_call_s"] and result["figures"]["bandwidth_bytes_per_s"] is None
+    assert result["rounds"] == 3 and result["per_call_s"]
+    assert result["figures"] == {"bandwidth_bytes_per_s": None, "inplace_bytes_per_s": None}
 
 
 def test_the_framework_per_op_is_each_rounds_step_less_its_ops_as_that_round_timed_them():
@@ -169,7 +172,7 @@ def test_a_prediction_takes_the_bandwidth_and_framework_measured_between_the_ste
 
     case = _case()
     cache = RateCache(str(tmp_path), machine_facts("cpu", 1))
-    cache.add({}, figures={"dispatch_s": 1e-6, "bandwidth_bytes_per_s": 5e9})
+    cache.add({}, figures={"dispatch_s": 1e-6, "bandwidth_bytes_per_s": 5e9, "inplace_bytes_per_s": 7e9})
     cache.add({}, framework={architecture_key(case): {"per_op_s": 9e-6, "probe": "cached"}})
     recorder = OpRecorder()
     with recorder:
@@ -177,7 +180,20 @@ def test_a_prediction_takes_the_bandwidth_and_framework_measured_between_the_ste
     trace = recorder.trace()
     rates, how = measured_rates(case, trace, cache)
     assert rates.bandwidth_bytes_per_s == 5e9 and rates.framework_s_per_op == 9e-6 and how["framework"]["probe"] == "cached"
+    assert rates.inplace_bytes_per_s == 7e9
     probe = {"trace": trace, "steps_s": [1e-3], "timed": [{}], "label": "p"}
-    rates, how = measured_rates(case, trace, cache, probe=probe, between={"bandwidth_bytes_per_s": 2e10})
+    between = {"bandwidth_bytes_per_s": 2e10, "inplace_bytes_per_s": 3e10}
+    rates, how = measured_rates(case, trace, cache, probe=probe, between=between)
     assert rates.bandwidth_bytes_per_s == 2e10 and how["framework"]["probe"].startswith("p, one step in each")
+    assert rates.inplace_bytes_per_s == 3e10
     assert rates.framework_s_per_op == how["framework"]["per_op_s"] != 9e-6
+
+
+def test_an_in_place_pass_puts_its_buffers_values_back():
+    from ckptbench.measure.oprates import inplace_once
+
+    buffer = torch.ones(1 << 16)
+    rates = [inplace_once(buffer) for _ in range(200)]
+    assert all(r > 0 for r in rates)
+    # two passes a call, by 1/0.37 and by 0.37: the values stay at 1 (no denormals a slow path would meet)
+    assert torch.allclose(buffer, torch.ones(1 << 16), rtol=1e-4)

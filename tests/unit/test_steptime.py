@@ -10,7 +10,7 @@ import pytest
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.theory.checks import Check, step_time_check, verdict
 from ckptbench.theory.plantime import DatasheetTimer, depth_extrapolated, variants
-from ckptbench.theory.steptime import Rates, datasheet_rates, entry_seconds, step_cost
+from ckptbench.theory.steptime import Rates, datasheet_rates, entry_seconds, memory_floor, step_cost
 
 
 def _entry(key: str, kind: str, counts: dict, flops: int = 0, nbytes: int = 0) -> dict:
@@ -38,6 +38,22 @@ def test_a_trace_priced_at_a_fixed_rate_table_sums_by_hand():
     assert (cost.ops, cost.distinct, cost.modelled) == (21, 5, 1)
     assert cost.by_kind["matmul"] == pytest.approx(10e-3) and cost.by_kind["copy"] == 0.0
     assert cost.by_phase["backward"] == pytest.approx(2 * 2e-3 + 4 * (2.001e-3) + 6 * 5e-6)
+
+
+def test_a_memory_bound_entry_pays_its_bytes_at_the_in_place_rate_and_its_fresh_bytes_at_the_copies_extra():
+    rates = replace(FIXED, inplace_bytes_per_s=2e9)  # a copy spans 1 GB/s, an in-place op 2 GB/s
+    lerp = {**_entry("mul", "memory", {"optimizer": 1}, nbytes=3 * 10**6), "fresh_bytes": 0}  # in place
+    div = {**_entry("mul", "memory", {"optimizer": 1}, nbytes=3 * 10**6), "fresh_bytes": 10**6}  # out of place
+    assert memory_floor(lerp, rates) == pytest.approx(3e6 / 2e9)
+    assert memory_floor(div, rates) == pytest.approx(3e6 / 2e9 + 1e6 * (2 / 1e9 - 2 / 2e9))
+    # a copy of n bytes (2n spanned, n of them fresh) is its own measurement: 2n over the copy bandwidth
+    copy = {**_entry("copy_", "memory", {}, nbytes=2 * 10**6), "fresh_bytes": 10**6}
+    assert memory_floor(copy, rates) == pytest.approx(2e6 / 1e9)
+    # without the in-place rate, or with a trace that did not file fresh bytes: the bytes over the copy's
+    assert memory_floor(div, FIXED) == memory_floor(ENTRIES[4], rates) == pytest.approx(3e6 / 1e9)
+    # the floor binds only above the op's timed time: 0.1 ms timed, floors of 1.5 and 2.5 ms
+    assert entry_seconds(lerp, rates) == (pytest.approx(1.5e-3), False)
+    assert entry_seconds(div, rates) == (pytest.approx(2.5e-3), False)
 
 
 def test_a_gpu_step_is_the_longer_of_its_kernels_and_its_host_and_copies_cross_the_link():
@@ -179,7 +195,7 @@ def test_rate_rounds_time_every_replayable_op_between_steps_within_their_share()
     empty.offer(steps_s=0.0)
     assert empty.result() == {"per_call_s": {}, "faults_per_call": {}, "heap_faults": None, "fault_s": None,
                               "rounds": 0, "seconds": 0.0, "probe": None, "probe_error": None,
-                              "figures": {"bandwidth_bytes_per_s": None}}
+                              "figures": {"bandwidth_bytes_per_s": None, "inplace_bytes_per_s": None}}
 
 
 def test_a_prediction_takes_the_rates_timed_between_the_steps_over_the_cache(tmp_path):
