@@ -16,10 +16,10 @@ round runs after the first timed step and then whenever the rounds so far have c
 round).  The first round also replays the memory step's allocations for their page faults
 (:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
 round prices a fault, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
-op), and lets the
-framework probe take one step (:mod:`.probethread`).  On a CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between
-them (measured: the median step after a round over the median step back to back, 0.93 to 1.02 on three
-models, three times each).
+op) and lets the framework probe take one step (:mod:`.probethread`).  On a CPU only
+(:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between them (measured: the
+median step after a round over the median step back to back, 0.93 to 1.02 on three models, three times
+each).
 """
 
 from __future__ import annotations
