@@ -59,6 +59,63 @@ def test_the_probe_takes_one_step_per_call_through_the_points_loop_in_a_thread_o
     assert result["label"].startswith("gpt2-") and "b=1 s=16" in result["label"]
 
 
+def _can_pin() -> bool:
+    import os
+
+    from ckptbench.run.probethread import current_cpu
+
+    return hasattr(os, "sched_setaffinity") and current_cpu() is not None
+
+
+@pytest.mark.skipif(not _can_pin(), reason="this system cannot say or set which core a thread runs on")
+def test_a_handover_holds_both_threads_on_the_points_core_and_gives_the_point_its_cores_back():
+    """Inside a handover the point's thread and the probe's run on the one core the point was on; after
+    it (an exception too) the point's thread has its own cores again."""
+    import os
+
+    from ckptbench.run.probethread import _one_core
+
+    allowed = os.sched_getaffinity(0)
+    seen = {}
+    other = threading.Thread(target=lambda: seen.setdefault("tid", threading.get_native_id()))
+    other.start()
+    other.join()
+    helper = threading.Thread(target=threading.Event().wait, args=(2.0,), daemon=True)
+    helper.start()
+    with _one_core(helper.native_id):
+        inside, probe_cores = os.sched_getaffinity(0), os.sched_getaffinity(helper.native_id)
+    assert len(inside) == 1 and inside == probe_cores and inside <= allowed
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(RuntimeError), _one_core(helper.native_id):
+        raise RuntimeError("a failed handover")
+    assert os.sched_getaffinity(0) == allowed
+    with _one_core(seen["tid"]):  # a thread that has ended cannot be pinned: the handover goes on unpinned
+        assert os.sched_getaffinity(0) == allowed
+
+
+@pytest.mark.skipif(not _can_pin(), reason="this system cannot say or set which core a thread runs on")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_probe_steps_on_the_points_core_with_one_torch_thread_only(threads):
+    """One torch thread: the probe's thread is left pinned to the core the point's thread ran its handover
+    on, and the point's thread has its cores back; more threads (an OpenMP team would inherit one core):
+    neither is pinned."""
+    import os
+
+    from ckptbench.run.probethread import ProbeThread
+
+    allowed = os.sched_getaffinity(0)
+    torch.set_num_threads(threads)
+    try:
+        probe = ProbeThread(_case())
+        assert probe.step(), probe.error
+        probe_cores = os.sched_getaffinity(probe._thread.native_id)
+        assert os.sched_getaffinity(0) == allowed
+        assert (len(probe_cores) == 1 and probe_cores <= allowed) if threads == 1 else probe_cores == allowed
+        probe.close()
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_a_probe_that_cannot_run_says_why_and_never_leaves_the_point_waiting(monkeypatch):
     from ckptbench.run import probethread
 
