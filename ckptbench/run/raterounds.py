@@ -16,7 +16,11 @@ round runs after the first timed step and then whenever the rounds so far have c
 round).  The first round also replays the memory step's allocations for their page faults
 (:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
 round prices a fault, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
-op) and lets the framework probe take one step (:mod:`.probethread`).  On a CPU only
+op) and lets the framework probe take one step (:mod:`.probethread`).  An op's time in a round is kept
+less the page faults it took in that round's timing, at the price that round measured: whether a large
+output is mapped afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048:
+697,000 faults in its ops' timings in one round, none in another run's), and the replay prices the step's
+faults whole.  On a CPU only
 (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between them (measured: the
 median step after a round over the median step back to back, 0.93 to 1.02 on three models, three times
 each).
@@ -46,11 +50,10 @@ class RateRounds:
         self.inplace: list[float] = []  # bytes/s an in-place op spans beyond the caches, one per round
         self._buffers = None  # the copy's, kept from round to round (False: they could not be had)
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
-        self.per_key: dict[str, list[float]] = {}
-        self.faults_per_call: dict[str, list[float]] = {}
+        self.per_key: dict[str, list[tuple[float, float, int]]] = {}  # (seconds, faults per call, round)
         self.sequence: list[int] | None = None  # the memory step's allocations, for the heap-fault replay
         self.heap_faults: int | None = None
-        self.prices: list[float] = []  # seconds per minor fault, one per round
+        self.prices: list[float | None] = []  # seconds per minor fault, one per round (None: none reported)
         self.rounds = 0
         self.spent_s = 0.0
 
@@ -84,17 +87,10 @@ class RateRounds:
             self.probe.step()  # one framework-probe step and its ops' timings (none once it has failed)
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
-            self.per_key.setdefault(key, []).append(seconds)
-        # the ops' own faults, as the first round counts them, before the replay below: what glibc's heap
-        # holds after it decides whether a later round's large outputs are mapped afresh (gpt2-tiny every-2
-        # 16x2048, the median of three rounds: 418 k faults in its ops in one run, none in another)
-        for key, n in faults.items() if self.heap_faults is None else ():
-            self.faults_per_call.setdefault(key, []).append(n)
+            self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
         if self.sequence is not None and self.heap_faults is None:
             self.heap_faults = replay_allocations(self.sequence)
-        price = fault_price(clock(self.device))
-        if price is not None:
-            self.prices.append(price)
+        self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
 
@@ -125,9 +121,17 @@ class RateRounds:
         framework probe's steps (None without them; `probe_error` why it could not step)."""
         self.close()
         probe = self.probe.result() if self.probe is not None else None
-        return {"per_call_s": {k: statistics.median(v) for k, v in self.per_key.items()},
-                "faults_per_call": {k: statistics.median(v) for k, v in self.faults_per_call.items()},
-                "heap_faults": self.heap_faults, "fault_s": statistics.median(self.prices) if self.prices else None,
+        priced = [p for p in self.prices if p is not None]
+        fault_s = statistics.median(priced) if priced else None
+
+        def own(seconds: float, faults: float, round_: int) -> float:  # an op's time less its own faults
+            price = self.prices[round_] if round_ < len(self.prices) and self.prices[round_] else fault_s
+            return max(0.0, seconds - faults * price) if price else seconds
+
+        return {"per_call_s": {k: statistics.median(own(*t) for t in v) for k, v in self.per_key.items()},
+                "faults_per_call": {k: statistics.median(t[1] for t in v) for k, v in self.per_key.items()},
+                "faults_apart": fault_s is not None,  # the ops' times are without their faults, priced apart
+                "heap_faults": self.heap_faults, "fault_s": fault_s,
                 "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
                 "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None,
                             "inplace_bytes_per_s": statistics.median(self.inplace) if self.inplace else None},

@@ -243,12 +243,16 @@ def measured_rates(case: Case, entries: list[dict], cache: RateCache, fresh: dic
 
 
 def heap_faults(entries: list[dict], rounds: dict) -> float:
-    """The page faults the step's allocations took in the rounds' replay (:mod:`ckptbench.measure.heapfaults`)
-    beyond those its ops took when timed (an op whose output is mapped afresh each call faults in its own
-    timing too), never fewer than none; none without a replay."""
+    """The page faults the step's allocations took in the rounds' replay (:mod:`ckptbench.measure.heapfaults`),
+    none without a replay.  Where the rounds priced each op without its own faults (`faults_apart`: every
+    round, each op's time less the faults it took in that round's timing at that round's price), all of
+    them; otherwise those beyond what the ops took when timed (an op whose output is mapped afresh each call
+    faults in its own timing too), never fewer than none."""
     replayed = rounds.get("heap_faults")
     if not replayed:
         return 0.0
+    if rounds.get("faults_apart"):
+        return float(replayed)
     per_call = rounds.get("faults_per_call") or {}
     in_ops = sum(per_call.get(e["key"], 0.0) * sum(e["counts"].values()) for e in entries if e["kind"] != "view")
     return max(0.0, replayed - in_ops)

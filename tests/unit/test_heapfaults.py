@@ -85,3 +85,28 @@ def test_an_op_whose_output_is_mapped_afresh_each_call_faults_every_call_when_ti
     assert set(faults) == set(timed) == {e["key"] for e in entries}
     big, small = sorted(faults.values(), reverse=True)
     assert BIG // PAGE <= big <= BIG // PAGE + 64 and small < 1
+
+
+def test_each_rounds_op_times_lose_their_own_faults_at_that_rounds_price_and_the_replay_is_priced_whole():
+    """Every round: an op's time less the faults it took in that round's timing, at the price that round
+    measured (a round whose price was not had: the median price); the median over rounds.  Then the step's
+    replayed faults are all priced, none taken off for the ops'.  Without any price the ops keep their
+    times and only the faults beyond theirs are priced."""
+    from ckptbench.run.raterounds import RateRounds
+
+    rounds = RateRounds("cpu")
+    rounds.per_key = {"mul": [(5e-3, 1_000.0, 0), (2e-3, 0.0, 1), (6e-3, 2_000.0, 2)],
+                      "add": [(1e-3, 0.0, 0), (1e-3, 0.0, 1), (1e-3, 0.0, 2)]}
+    rounds.prices = [2e-6, None, 1e-6]  # the middle round's price: the median of the others, 1.5 us
+    rounds.heap_faults, rounds.rounds = 9_000, 3
+    result = rounds.result()
+    # mul: 5 ms - 1000 x 2 us = 3 ms; 2 ms; 6 ms - 2000 x 1 us = 4 ms: median 3 ms
+    assert result["per_call_s"]["mul"] == pytest.approx(3e-3) and result["per_call_s"]["add"] == pytest.approx(1e-3)
+    assert result["faults_apart"] and result["fault_s"] == pytest.approx(1.5e-6)
+    assert result["faults_per_call"] == {"mul": 1_000.0, "add": 0.0}
+    entries = [{"key": "mul", "kind": "memory", "counts": {"forward": 3}}]
+    assert heap_faults(entries, result) == 9_000  # all of the replay: the ops' times hold none of it
+    rounds.prices = [None, None, None]
+    unpriced = rounds.result()
+    assert not unpriced["faults_apart"] and unpriced["per_call_s"]["mul"] == pytest.approx(5e-3)
+    assert heap_faults(entries, unpriced) == 9_000 - 3 * 1_000  # the ops' own faults are in their times
