@@ -11,11 +11,14 @@ Which allocations fault depends on glibc's whole history of the step, so it is n
 *replayed*.  :func:`replay_allocations` makes the step's allocations and frees (the allocator meter's
 events, in order, each a size: :class:`.allocator.AllocatorMeter`) through torch's own CPU allocator,
 writes one byte of every page of each new block (the op that made it writes all of it), frees each block
-where the step freed one of its size, and counts the minor faults (``getrusage``).  :func:`fault_price` is
-the seconds per fault: a fresh anonymous mapping, every page written once, its time over its faults.
+where the step freed one of its size, and counts the minor faults (``getrusage``); :func:`replay_priced`
+also times the blocks that faulted, the step's faults at their price in the step's own pattern.
+:func:`fault_price` is the seconds per fault on a fresh anonymous mapping, every page written once: the
+price of the faults an op takes in its own timing, each call's output mapped where the last call's was.
 The ops' own timings fault too where their outputs are mapped afresh each call (blocks beyond glibc's mmap
-threshold), so the step-time model adds only the replay's faults beyond those
-(:func:`ckptbench.theory.steptime.step_cost`).
+threshold): the rate rounds take those faults off each op's time at the fresh mapping's price, and the
+step-time model prices every replayed fault at the replay's own (:mod:`ckptbench.run.raterounds`,
+:func:`ckptbench.theory.steptime.step_cost`).
 """
 
 from __future__ import annotations
@@ -36,20 +39,41 @@ def replay_allocations(sequence: list[int]) -> int:
     """The minor faults the step's allocations take, replayed (see the module's text): `sequence` is each
     allocator event's bytes in order, + allocated, − freed; a free of a size with no block of that size
     live in the replay (a tensor made before the step) is skipped.  Every block is freed at the end."""
+    return replay_priced(sequence)[0]
+
+
+def replay_priced(sequence: list[int], clock=None) -> tuple[int, float]:
+    """:func:`replay_allocations`, and the seconds by `clock` (default ``time.perf_counter``) that its
+    faulting blocks took: each block that faulted, made and written, and freed.  Their ratio is what a fault
+    costs in the step's own pattern of allocations, which on a virtual machine can be several times a fresh
+    mapping's price (:func:`fault_price`): there a page the guest freed may have been handed back to the host
+    (free page reporting) and the next fault on it is the host's too.  llama-small none 16 × 2048 on this
+    project's 2-core VM: 4.7–6.0 µs a fault replayed, 1.7–2.4 µs on a fresh 64 MiB mapping, ~5 µs implied by
+    its steps; gpt2-tiny every-2 16 × 2048: 2.0–3.3 µs replayed and 2.4–3.3 µs fresh."""
+    import time
+
     import torch
 
+    clock = clock or time.perf_counter
     live: dict[int, list] = {}
-    before = minor_faults()
+    faults, seconds = 0, 0.0
     for nbytes in sequence:
         if nbytes > 0:
+            f0, t0 = minor_faults(), clock()
             block = torch.empty(nbytes, dtype=torch.uint8)
             block[::PAGE].fill_(1)
-            live.setdefault(nbytes, []).append(block)
+            took, spent = minor_faults() - f0, clock() - t0
+            if took:
+                faults, seconds = faults + took, seconds + spent
+            live.setdefault(nbytes, []).append((block, took))
+            del block
         elif live.get(-nbytes):
-            live[-nbytes].pop()
-    faults = minor_faults() - before
+            t0 = clock()
+            took = live[-nbytes].pop()[1]  # the block's last reference goes: freed (a mapped one unmapped) here
+            if took:
+                seconds += clock() - t0
     live.clear()
-    return faults
+    return faults, seconds
 
 
 def fault_price(clock) -> float | None:

@@ -13,9 +13,11 @@ timer; the prediction takes each entry's median over the rounds.  Steps and roun
 framework probe's steps and microbenchmarks do (:mod:`.steptime`), so both sample the same conditions.  A
 round runs after the first timed step and then whenever the rounds so far have cost less than
 :data:`SHARE` of the timed steps' time, so the timing window grows by at most about that share (plus one
-round).  The first round also replays the memory step's allocations for their page faults
-(:func:`ckptbench.measure.heapfaults.replay_allocations`, once: they are the same every step), and every
-round prices a fault, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
+round).  Every round also replays the memory step's allocations for their page faults and times the
+blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_priced`: how many faults, and a fault's
+price in the step's own pattern of allocations, which on a virtual machine can be twice or three times a
+fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on a
+fresh mapping, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
 op) and lets the framework probe take one step (:mod:`.probethread`).  An op's time in a round is kept
 less the page faults it took in that round's timing, at the price that round measured: whether a large
 output is mapped afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048:
@@ -52,14 +54,14 @@ class RateRounds:
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[tuple[float, float, int]]] = {}  # (seconds, faults per call, round)
         self.sequence: list[int] | None = None  # the memory step's allocations, for the heap-fault replay
-        self.heap_faults: int | None = None
+        self.replays: list[tuple[int, float]] = []  # each round's replay: its faults, and their seconds
         self.prices: list[float | None] = []  # seconds per minor fault, one per round (None: none reported)
         self.rounds = 0
         self.spent_s = 0.0
 
     def use(self, trace: list[dict] | None, sequence: list[int] | None = None) -> None:
         """The ops to time: the memory step's trace (None: no rounds), and its allocator events' bytes in
-        order (`sequence`: replayed once, in the first round, for its page faults).  Only on a CPU: on CUDA
+        order (`sequence`: replayed in every round, for its page faults and their price).  Only on a CPU: on CUDA
         a round's tensors would stay in the caching allocator's reserve, which the record measures, and
         emptying it would slow the next step; a dedicated card's speed does not move as a shared CPU's does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
@@ -75,7 +77,7 @@ class RateRounds:
         """After timed step `step` (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
         if not self.due(steps_s, step):
             return
-        from ..measure.heapfaults import fault_price, replay_allocations
+        from ..measure.heapfaults import fault_price, replay_priced
         from ..measure.oprates import clock, measure_entries
         from .probethread import ProbeThread
 
@@ -88,8 +90,8 @@ class RateRounds:
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
-        if self.sequence is not None and self.heap_faults is None:
-            self.heap_faults = replay_allocations(self.sequence)
+        if self.sequence is not None:
+            self.replays.append(replay_priced(self.sequence, clock(self.device)))
         self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
@@ -117,12 +119,13 @@ class RateRounds:
 
     def result(self) -> dict:
         """Each timed entry's median over the rounds (seconds and minor faults per call), how many rounds
-        and what they cost, the step's allocations' faults replayed and the median price of a fault, and the
-        framework probe's steps (None without them; `probe_error` why it could not step)."""
+        and what they cost, the step's allocations' faults replayed (the median) and what one cost there (all
+        rounds' seconds over their faults), the median price of a fault on a fresh mapping, and the framework probe's steps (None without them; `probe_error` why it could not step)."""
         self.close()
         probe = self.probe.result() if self.probe is not None else None
         priced = [p for p in self.prices if p is not None]
         fault_s = statistics.median(priced) if priced else None
+        heap = [(f, s) for f, s in self.replays if f > 0]
 
         def own(seconds: float, faults: float, round_: int) -> float:  # an op's time less its own faults
             price = self.prices[round_] if round_ < len(self.prices) and self.prices[round_] else fault_s
@@ -131,7 +134,11 @@ class RateRounds:
         return {"per_call_s": {k: statistics.median(own(*t) for t in v) for k, v in self.per_key.items()},
                 "faults_per_call": {k: statistics.median(t[1] for t in v) for k, v in self.per_key.items()},
                 "faults_apart": fault_s is not None,  # the ops' times are without their faults, priced apart
-                "heap_faults": self.heap_faults, "fault_s": fault_s,
+                "heap_faults": statistics.median(f for f, _ in self.replays) if self.replays else None,
+                # all rounds' faulting blocks' seconds over their faults: a round with a handful of faults
+                # prices them at a block's whole making (tens of µs), weighed here by how few they are
+                "heap_fault_s": sum(s for _, s in heap) / sum(f for f, _ in heap) if heap else None,
+                "fault_s": fault_s,
                 "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
                 "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None,
                             "inplace_bytes_per_s": statistics.median(self.inplace) if self.inplace else None},

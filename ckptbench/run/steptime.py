@@ -277,7 +277,8 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     rounds = rounds or {}
     fresh = rounds.get("per_call_s") or {}
     rates, how = measured_rates(case, entries, cache, fresh, rounds.get("probe"), rounds.get("figures"))
-    rates = replace(rates, fault_s=rounds.get("fault_s") or 0.0)
+    # the step's faults at their price in its own pattern of allocations (the replay's), else a fresh mapping's
+    rates = replace(rates, fault_s=rounds.get("heap_fault_s") or rounds.get("fault_s") or 0.0)
     cost = step_cost(entries, rates, heap_faults(entries, rounds))
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
@@ -290,6 +291,7 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
             "rate_rounds": rounds.get("rounds", 0), "rate_rounds_s": rounds.get("seconds", 0.0),
             "heap_faults_replayed": rounds.get("heap_faults"), "fault_price_s": rounds.get("fault_s"),
+            "heap_fault_price_s": rates.fault_s if rounds.get("heap_faults") is not None else None,
             "timed_between_steps": sum(e["key"] in fresh for e in entries)}
 
 

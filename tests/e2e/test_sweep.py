@@ -102,10 +102,11 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         model, m = r["measurement"]["step_time_model"], r["measurement"]
         assert model["rate_rounds"] >= 1 and 0 < model["timed_between_steps"] <= model["distinct"], model
         assert "op_rate_rounds" not in m and "op_trace" not in m
-        # the step's allocations replayed once for their page faults, a fault priced, the faults beyond the
+        # the step's allocations replayed in each round for their page faults and their price, the faults beyond the
         # ops' own priced beside them; each timed step's faults counted, one per step, for the comparison
         assert model["heap_faults_replayed"] >= model["heap_faults"] >= 0 and model["fault_price_s"] > 0, model
-        assert model["fault_s"] == model["heap_faults"] * model["fault_price_s"]
+        assert model["heap_fault_price_s"] > 0, model  # the replay's own price: its faulting blocks timed
+        assert model["fault_s"] == model["heap_faults"] * model["heap_fault_price_s"]
         assert model["predicted_s"] == model["kernel_s"] + model["framework_s"] + model["fault_s"]
         assert len(m["step_minor_faults"]) == len(m["step_times_s"]) and min(m["step_minor_faults"]) >= 0
         # the framework's time from the probe's steps, one in each rate round, beside the point's own

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.measure.heapfaults import PAGE, fault_price, minor_faults, replay_allocations
+from ckptbench.measure.heapfaults import PAGE, fault_price, minor_faults, replay_allocations, replay_priced
 from ckptbench.run.steptime import heap_faults
 from ckptbench.theory.steptime import Rates, step_cost
 
@@ -30,6 +30,25 @@ def test_a_replayed_block_mapped_afresh_faults_once_per_page_and_a_freed_block_o
     assert replay_allocations([]) == 0 and minor_faults() - before < 64
     small = replay_allocations([4096, -4096] * 100)  # the heap's own reused chunk: a handful at most
     assert small < 100
+
+
+def test_the_replay_times_only_the_blocks_that_faulted_made_and_freed_by_the_clock_it_is_asked_for():
+    """A big block faults on every page: its making and its freeing are timed (one tick each by a clock
+    that ticks once a reading); a free of a size never made is skipped, untimed; blocks small enough to come
+    back from glibc's heap take no fault and add no time."""
+    ticks = []
+
+    def clock():
+        ticks.append(1)
+        return float(len(ticks))
+
+    faults, seconds = replay_priced([-12345, BIG, -BIG], clock)
+    assert BIG // PAGE <= faults <= BIG // PAGE + 64 and seconds == 2.0
+    replay_priced([4096, -4096])  # the heap's chunk for that size, mapped once
+    faults, seconds = replay_priced([4096, -4096] * 50, clock)
+    assert faults < 10 and seconds <= 2 * faults  # a stray fault of the interpreter's own, at most
+    faults, seconds = replay_priced([BIG, -BIG])
+    assert 0 < seconds / faults < 1e-3  # by time.perf_counter: microseconds a fault, never a millisecond
 
 
 def test_a_fault_costs_a_positive_time_by_the_clock_it_is_asked_for():
@@ -98,8 +117,10 @@ def test_each_rounds_op_times_lose_their_own_faults_at_that_rounds_price_and_the
     rounds.per_key = {"mul": [(5e-3, 1_000.0, 0), (2e-3, 0.0, 1), (6e-3, 2_000.0, 2)],
                       "add": [(1e-3, 0.0, 0), (1e-3, 0.0, 1), (1e-3, 0.0, 2)]}
     rounds.prices = [2e-6, None, 1e-6]  # the middle round's price: the median of the others, 1.5 us
-    rounds.heap_faults, rounds.rounds = 9_000, 3
+    rounds.replays, rounds.rounds = [(9_000, 0.045), (8_000, 0.032), (10_000, 0.06)], 3
     result = rounds.result()
+    # the replays' median count, and all their seconds over all their faults
+    assert result["heap_faults"] == 9_000 and result["heap_fault_s"] == pytest.approx(0.137 / 27_000)
     # mul: 5 ms - 1000 x 2 us = 3 ms; 2 ms; 6 ms - 2000 x 1 us = 4 ms: median 3 ms
     assert result["per_call_s"]["mul"] == pytest.approx(3e-3) and result["per_call_s"]["add"] == pytest.approx(1e-3)
     assert result["faults_apart"] and result["fault_s"] == pytest.approx(1.5e-6)

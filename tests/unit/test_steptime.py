@@ -194,7 +194,7 @@ def test_rate_rounds_time_every_replayable_op_between_steps_within_their_share()
     empty.use(None)
     empty.offer(steps_s=0.0)
     assert empty.result() == {"per_call_s": {}, "faults_per_call": {}, "faults_apart": False,
-                              "heap_faults": None, "fault_s": None,
+                              "heap_faults": None, "heap_fault_s": None, "fault_s": None,
                               "rounds": 0, "seconds": 0.0, "probe": None, "probe_error": None,
                               "figures": {"bandwidth_bytes_per_s": None, "inplace_bytes_per_s": None}}
 
