@@ -8,11 +8,11 @@ zeroed).  A gpt2-tiny step of 16 × 2048 tokens took ~640,000 such faults, 1.6 s
 ops' timings did not contain.
 
 Which allocations fault depends on glibc's whole history of the step, so it is not modelled: it is
-*replayed*.  :func:`replay_allocations` makes the step's allocations and frees (the allocator meter's
+*replayed*.  :func:`replay_priced` makes the step's allocations and frees (the allocator meter's
 events, in order, each a size: :class:`.allocator.AllocatorMeter`) through torch's own CPU allocator,
 writes one byte of every page of each new block (the op that made it writes all of it), frees each block
-where the step freed one of its size, and counts the minor faults (``getrusage``); :func:`replay_priced`
-also times the blocks that faulted, the step's faults at their price in the step's own pattern.
+where the step freed one of its size, and counts the minor faults (``getrusage``); it also times the
+blocks that faulted, the step's faults at their price in the step's own pattern.
 :func:`fault_price` is the seconds per fault on a fresh anonymous mapping, every page written once: the
 price of the faults an op takes in its own timing, each call's output mapped where the last call's was.
 The ops' own timings fault too where their outputs are mapped afresh each call (blocks beyond glibc's mmap
@@ -35,16 +35,12 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def replay_allocations(sequence: list[int]) -> int:
+def replay_priced(sequence: list[int], clock=None) -> tuple[int, float]:
     """The minor faults the step's allocations take, replayed (see the module's text): `sequence` is each
     allocator event's bytes in order, + allocated, − freed; a free of a size with no block of that size
-    live in the replay (a tensor made before the step) is skipped.  Every block is freed at the end."""
-    return replay_priced(sequence)[0]
-
-
-def replay_priced(sequence: list[int], clock=None) -> tuple[int, float]:
-    """:func:`replay_allocations`, and the seconds by `clock` (default ``time.perf_counter``) that its
-    faulting blocks took: each block that faulted, made and written, and freed.  Their ratio is what a fault
+    live in the replay (a tensor made before the step) is skipped.  Every block is freed at the end.  With
+    them, the seconds by `clock` (default ``time.perf_counter``) that the faulting blocks took: each block
+    that faulted, made and written, and freed.  Their ratio is what a fault
     costs in the step's own pattern of allocations, which on a virtual machine can be several times a fresh
     mapping's price (:func:`fault_price`): there a page the guest freed may have been handed back to the host
     (free page reporting) and the next fault on it is the host's too.  llama-small none 16 × 2048 on this

@@ -61,9 +61,10 @@ class RateRounds:
 
     def use(self, trace: list[dict] | None, sequence: list[int] | None = None) -> None:
         """The ops to time: the memory step's trace (None: no rounds), and its allocator events' bytes in
-        order (`sequence`: replayed in every round, for its page faults and their price).  Only on a CPU: on CUDA
-        a round's tensors would stay in the caching allocator's reserve, which the record measures, and
-        emptying it would slow the next step; a dedicated card's speed does not move as a shared CPU's does."""
+        order (`sequence`: replayed in every round, for its page faults and their price).  Only on a CPU:
+        on CUDA a round's tensors would stay in the caching allocator's reserve, which the record measures,
+        and emptying it would slow the next step; a dedicated card's speed does not move as a shared CPU's
+        does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
         self.sequence = sequence if self.entries is not None else None
 
@@ -119,8 +120,9 @@ class RateRounds:
 
     def result(self) -> dict:
         """Each timed entry's median over the rounds (seconds and minor faults per call), how many rounds
-        and what they cost, the step's allocations' faults replayed (the median) and what one cost there (all
-        rounds' seconds over their faults), the median price of a fault on a fresh mapping, and the framework probe's steps (None without them; `probe_error` why it could not step)."""
+        and what they cost, the step's allocations' faults replayed (the median) and what one cost there
+        (all rounds' seconds over their faults), the median price of a fault on a fresh mapping, and the
+        framework probe's steps (None without them; `probe_error` why it could not step)."""
         self.close()
         probe = self.probe.result() if self.probe is not None else None
         priced = [p for p in self.prices if p is not None]

@@ -102,8 +102,8 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         model, m = r["measurement"]["step_time_model"], r["measurement"]
         assert model["rate_rounds"] >= 1 and 0 < model["timed_between_steps"] <= model["distinct"], model
         assert "op_rate_rounds" not in m and "op_trace" not in m
-        # the step's allocations replayed in each round for their page faults and their price, the faults beyond the
-        # ops' own priced beside them; each timed step's faults counted, one per step, for the comparison
+        # the step's allocations replayed in each round for their page faults and their price, all of them
+        # priced beside the ops; each timed step's faults counted, one per step, for the comparison
         assert model["heap_faults_replayed"] >= model["heap_faults"] >= 0 and model["fault_price_s"] > 0, model
         assert model["heap_fault_price_s"] > 0, model  # the replay's own price: its faulting blocks timed
         assert model["fault_s"] == model["heap_faults"] * model["heap_fault_price_s"]

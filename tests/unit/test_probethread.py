@@ -169,8 +169,8 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     assert after == [1] + [5 * k for k in range(1, MIN_ROUNDS)]
     result = rounds.result()
     assert result["probe"] is None  # no Case: no framework probe
-    # the allocations replayed once; every round counts each op's own faults and prices a fault
-    assert result["heap_faults"] is not None and result["faults_per_call"]
+    # every round replays the allocations, counts each op's own faults and prices a fault
+    assert result["heap_faults"] is not None and result["faults_per_call"] and len(rounds.replays) == MIN_ROUNDS
     assert all(len(v) == MIN_ROUNDS for v in rounds.per_key.values()) and len(rounds.prices) == MIN_ROUNDS
     # every round timed one copy beyond the caches on buffers kept between rounds, freed at the end
     assert len(rounds.bandwidths) == MIN_ROUNDS and result["figures"]["bandwidth_bytes_per_s"] > 0
