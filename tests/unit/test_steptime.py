@@ -228,3 +228,21 @@ def test_rate_rounds_never_run_on_cuda_where_the_allocator_reserve_is_measured()
     rounds.use([_entry("mm", "matmul", {"forward": 1})])
     rounds.offer(steps_s=0.0)
     assert rounds.entries is None and rounds.rounds == 0
+
+
+def test_a_prediction_prices_the_step_s_faults_at_the_replay_s_price_and_a_fresh_mapping_s_without_one(tmp_path):
+    """The rounds' replay gives the step's faults and what one cost in its pattern of allocations: the
+    prediction prices them there, keeps the fresh mapping's price beside it, and falls back to that price
+    only where no replay priced a fault."""
+    from ckptbench.run.steptime import predict
+
+    case = Case(model=preset("llama-tiny", layers=1, attn="sdpa"), train=TrainSpec(threads=1), batch_size=1,
+                seq_len=8)
+    rounds = {"heap_faults": 1_000, "heap_fault_s": 5e-6, "fault_s": 2e-6, "faults_apart": True}
+    replayed = predict(case, str(tmp_path), rounds=rounds)
+    assert replayed["heap_faults"] == 1_000 and replayed["fault_s"] == pytest.approx(5e-3)
+    assert replayed["heap_fault_price_s"] == 5e-6 and replayed["fault_price_s"] == 2e-6
+    assert replayed["predicted_s"] == pytest.approx(replayed["kernel_s"] + replayed["framework_s"] + 5e-3)
+    fresh = predict(case, str(tmp_path), rounds={**rounds, "heap_fault_s": None})
+    assert fresh["fault_s"] == pytest.approx(2e-3) and fresh["heap_fault_price_s"] == 2e-6
+    assert predict(case, str(tmp_path), rounds={})["heap_fault_price_s"] is None  # no replay, no price
