@@ -77,7 +77,10 @@ class StepSchedule:
         self.stopped_by: str | None = None  # "precision" | "max_steps" | "max_time", once timing stops
         self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
         self._t_timed: float | None = None
-        self.rounds = RateRounds(device.type, self.rule.max_steps, case)  # op rates, framework: run/raterounds.py
+        # op rates, framework (run/raterounds.py); rounds beyond their share end within half the time left, the
+        # timed steps having the other half (StopRule.of)
+        deadline = time.perf_counter() + time_left_s / 2 if time_left_s is not None else None
+        self.rounds = RateRounds(device.type, self.rule.max_steps, case, deadline)
 
     def __iter__(self):
         k = 0

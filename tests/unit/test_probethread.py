@@ -150,10 +150,10 @@ def test_the_probe_ends_inside_an_offloaded_points_context_as_it_found_it():
 
 
 def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
-    """With the share spent, a point still gets MIN_ROUNDS rounds, one every cap/MIN_ROUNDS steps; past
-    them only the share adds rounds."""
+    """With the share spent, a point still gets a round after each of its first FIRST_ROUNDS steps, then
+    MIN_ROUNDS rounds in all, one every cap/MIN_ROUNDS steps; past them only the share adds rounds."""
     from ckptbench.measure.optrace import OpRecorder
-    from ckptbench.run.raterounds import MIN_ROUNDS, RateRounds
+    from ckptbench.run.raterounds import FIRST_ROUNDS, MIN_ROUNDS, RateRounds
 
     recorder = OpRecorder()
     with recorder:
@@ -166,7 +166,7 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
         rounds.offer(steps_s=0.0, step=step)  # steps of no time: the share never admits a round
         if rounds.rounds > before:
             after.append(step)
-    assert after == [1] + [5 * k for k in range(1, MIN_ROUNDS)]
+    assert FIRST_ROUNDS == 3 and after == [1, 2, 3] + [5 * k for k in range(FIRST_ROUNDS, MIN_ROUNDS)]
     result = rounds.result()
     assert result["probe"] is None  # no Case: no framework probe
     # every round replays the allocations, counts each op's own faults and prices a fault
@@ -177,6 +177,37 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     # and one in-place pass over the copy's source, which it leaves as it found it
     assert len(rounds.inplace) == MIN_ROUNDS and result["figures"]["inplace_bytes_per_s"] > 0
     assert rounds._buffers is None
+
+
+def test_a_long_step_gets_a_round_after_each_of_its_first_steps_unless_it_would_end_past_the_deadline():
+    """Steps that leave no share for a second round (a step of seconds, stopped at its minimum of three)
+    still get a round after each of the first three; with no step cap, none after those; a round beyond
+    the share that would end past the deadline (at the rounds' mean cost) does not start, the first does."""
+    import time
+
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import RateRounds
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(8, 4) @ torch.ones(4, 2)
+
+    def rounds_after(deadline):
+        rounds = RateRounds("cpu", deadline=deadline)
+        rounds.use(recorder.trace(), sequence=[1 << 20, -(1 << 20)])
+        after = []
+        for step in range(1, 8):
+            before = rounds.rounds
+            rounds.spent_s = max(rounds.spent_s, 1.0) if rounds.rounds else 0.0  # rounds dear, steps free
+            rounds.offer(steps_s=0.0, step=step)
+            after += [step] * (rounds.rounds - before)
+        return after, rounds
+
+    after, rounds = rounds_after(None)
+    assert after == [1, 2, 3] and len(rounds.replays) == 3 and all(len(v) == 3 for v in rounds.per_key.values())
+    assert rounds_after(time.perf_counter() + 3600)[0] == [1, 2, 3]
+    # a round's mean cost is 1 s or more here: half a second before the deadline, only the first round starts
+    assert rounds_after(time.perf_counter() + 0.5)[0] == [1]
 
 
 def test_rounds_go_on_without_the_copy_where_its_buffers_cannot_be_had(monkeypatch):
