@@ -15,6 +15,7 @@ the time cap is looked at there too (so it can be passed by up to a chunk's step
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -61,6 +62,12 @@ class StopRule:
         if elapsed_s >= self.max_time_s:
             return "max_time"
         return None
+
+    def expected_steps(self, step_s: float) -> int:
+        """The timed steps a point whose steps take `step_s` seconds each runs unless its precision stops it
+        sooner: as many as ``max_time_s`` holds, no fewer than the minimum, no more than the cap."""
+        fit = math.ceil(self.max_time_s / step_s) if step_s > 0 else self.max_steps
+        return max(1, min(self.max_steps, max(self.min_steps, fit)))
 
     def precise(self, times: list[float]) -> bool:
         """Whether a real 95 % interval of the median lies within ±precision of it."""

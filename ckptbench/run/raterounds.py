@@ -11,13 +11,16 @@ predictions by ±30 % against the steps they were checked against.
 :func:`ckptbench.measure.oprates.measure_entries`) in *rounds*, each right after a timed step, outside the step's
 timer; the prediction takes each entry's median over the rounds.  Steps and rounds alternate, as the
 framework probe's steps and microbenchmarks do (:mod:`.steptime`), so both sample the same conditions.  A
-round runs after each of the first :data:`FIRST_ROUNDS` timed steps, then whenever the rounds so far have
-cost less than :data:`SHARE` of the timed steps' time (and :data:`MIN_ROUNDS` are spread over the step
-cap), so the timing window of a point that steps past its minimum grows by about that share.  A point whose
-steps take seconds stops at its minimum of three: its ops are then priced from a round after each step, not
-from the one or two that the share admits (a round costs one to two of its steps).  One round misread
-the machine's speed by 20 % (llama-small 16 × 2048: 8.5 s of kernels priced in its one round, 6.8–8.0 s in
-other runs, against steps 40 % faster than those runs').  Every round also replays the memory step's allocations for their page faults and times the
+round runs after the first timed step, then whenever the rounds so far have cost less than :data:`SHARE` of
+the timed steps' time, so the timing window grows by about that share.  Beyond the share a point still gets
+:data:`FIRST_ROUNDS` rounds spread over the steps it is expected to time (:meth:`.StopRule.expected_steps`,
+at the mean step so far) and :data:`MIN_ROUNDS` spread over its step cap.  A point whose steps take seconds
+stops at its minimum of three: its ops are then priced from a round after each step, not from the one or
+two that the share admits (a round costs one to two of its steps).  One round misread the machine's speed
+by 20 % (llama-small 16 × 2048: 8.5 s of kernels priced in its one round, 6.8–8.0 s in other runs, against
+steps 40 % faster than those runs').  Spread, not bunched after the first steps: a 1.7 s step times a dozen
+steps, and three rounds after its first three priced it at the slower speed those steps ran at (+15.5 %,
+its later steps 20 % faster).  Every round also replays the memory step's allocations for their page faults and times the
 blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_priced`: how many faults, and a fault's
 price in the step's own pattern of allocations, which on a virtual machine can be twice or three times a
 fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on a
@@ -38,7 +41,7 @@ import statistics
 import time
 
 SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first rounds)
-# a round after each of the first this many timed steps, whatever the rounds cost (see the module's text)
+# rounds a point gets beyond its share, spread over the steps it is expected to time (see the module's text)
 FIRST_ROUNDS = 3
 # rounds a point gets beyond its share, spread over its step cap: a short step's framework and kernels are
 # priced from this many samples of the machine's moving speed at least (when its steps reach the cap)
@@ -49,11 +52,12 @@ class RateRounds:
     """Rounds of op timings between timed steps (see the module's text).  :meth:`offer` after each timed
     step; :meth:`result` the entries' medians."""
 
-    def __init__(self, device: str, max_steps: int = 0, case=None, deadline: float | None = None):
+    def __init__(self, device: str, rule=None, case=None, deadline: float | None = None):
         self.device = device
+        self.rule = rule  # the point's StopRule (measure/stopping.py): the steps it is expected to time
         # a perf_counter moment: no round beyond the share starts that would end after it, at a round's mean cost
         self.deadline = deadline
-        self.max_steps = max_steps  # the stopping rule's cap on timed steps: MIN_ROUNDS are spread over it
+        self.max_steps = rule.max_steps if rule is not None else 0  # MIN_ROUNDS are spread over the step cap
         self.case = case  # its architecture is probed for the framework's time in each round (.probethread)
         self.probe = None
         self.bandwidths: list[float] = []  # bytes/s of a copy beyond the caches, one per round
@@ -77,15 +81,17 @@ class RateRounds:
         self.sequence = sequence if self.entries is not None else None
 
     def due(self, steps_s: float, step: int = 0) -> bool:
-        """After timed step `step` (from 1): the first round; one after each of the first FIRST_ROUNDS steps;
-        then while the rounds have cost less than their share of the steps' time, or while there are fewer
-        than MIN_ROUNDS and the step is past its turn.  No round beyond the share starts that would end past
-        the deadline at the rounds' mean cost."""
+        """After timed step `step` (from 1; `steps_s` the steps' seconds so far): the first round, then while
+        the rounds have cost less than their share of the steps' time, or while there are fewer than
+        FIRST_ROUNDS (spread over the steps the point is expected to time) or MIN_ROUNDS (over its step cap)
+        and the step is past its turn.  No round beyond the share starts that would end past the deadline at
+        the rounds' mean cost."""
         if self.entries is None:
             return False
         if self.rounds == 0 or self.spent_s < SHARE * steps_s:
             return True
-        first = self.rounds < min(step, FIRST_ROUNDS)
+        window = self.rule.expected_steps(steps_s / step) if self.rule is not None and step > 0 else 0
+        first = self.rounds < FIRST_ROUNDS and 0 < window and step * FIRST_ROUNDS >= self.rounds * window
         spread = 0 < self.max_steps and self.rounds < MIN_ROUNDS and step * MIN_ROUNDS >= self.rounds * self.max_steps
         return (first or spread) and (self.deadline is None or
                                       time.perf_counter() + self.spent_s / self.rounds <= self.deadline)

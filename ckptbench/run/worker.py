@@ -80,7 +80,7 @@ class StepSchedule:
         # op rates, framework (run/raterounds.py); rounds beyond their share end within half the time left, the
         # timed steps having the other half (StopRule.of)
         deadline = time.perf_counter() + time_left_s / 2 if time_left_s is not None else None
-        self.rounds = RateRounds(device.type, self.rule.max_steps, case, deadline)
+        self.rounds = RateRounds(device.type, self.rule, case, deadline)
 
     def __iter__(self):
         k = 0

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from ckptbench.measure.stopping import StopRule
 from ckptbench.spec import Case, Setup, TrainSpec, preset
 
 
@@ -158,15 +159,18 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     recorder = OpRecorder()
     with recorder:
         torch.ones(8, 4) @ torch.ones(4, 2)
-    rounds = RateRounds("cpu", max_steps=5 * MIN_ROUNDS)
+    # steps of a millisecond: the share never admits a round, and 20 s of them would pass the cap of 50
+    rounds = RateRounds("cpu", StopRule(3, 0.02, 5 * MIN_ROUNDS, 20.0))
     rounds.use(recorder.trace(), sequence=[1 << 20, -(1 << 20)])
+    rounds.spent_s = 1.0  # the rounds dear: only the spreads admit one
     after = []
     for step in range(1, 5 * MIN_ROUNDS + 1):
         before = rounds.rounds
-        rounds.offer(steps_s=0.0, step=step)  # steps of no time: the share never admits a round
+        rounds.offer(steps_s=step * 1e-3, step=step)
         if rounds.rounds > before:
             after.append(step)
-    assert FIRST_ROUNDS == 3 and after == [1, 2, 3] + [5 * k for k in range(FIRST_ROUNDS, MIN_ROUNDS)]
+    # FIRST_ROUNDS over the 50 steps expected (1, 17, 34) and MIN_ROUNDS over the cap (one every 5 steps)
+    assert FIRST_ROUNDS == 3 and after == [1] + [5 * k for k in range(1, MIN_ROUNDS)]
     result = rounds.result()
     assert result["probe"] is None  # no Case: no framework probe
     # every round replays the allocations, counts each op's own faults and prices a fault
@@ -179,10 +183,12 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     assert rounds._buffers is None
 
 
-def test_a_long_step_gets_a_round_after_each_of_its_first_steps_unless_it_would_end_past_the_deadline():
-    """Steps that leave no share for a second round (a step of seconds, stopped at its minimum of three)
-    still get a round after each of the first three; with no step cap, none after those; a round beyond
-    the share that would end past the deadline (at the rounds' mean cost) does not start, the first does."""
+def test_the_first_rounds_are_spread_over_the_steps_a_point_is_expected_to_time_and_end_by_the_deadline():
+    """Beyond the share, FIRST_ROUNDS rounds spread over the steps the point is expected to time: a step of
+    10 s stops at its minimum of three (20 s cap on timed seconds) and gets a round after each; a step of
+    1.5 s is expected to time 14 and gets them after steps 1, 5 and 10, not bunched after its first three.
+    A round beyond the share that would end past the deadline (at the rounds' mean cost) does not start;
+    the first does."""
     import time
 
     from ckptbench.measure.optrace import OpRecorder
@@ -191,23 +197,26 @@ def test_a_long_step_gets_a_round_after_each_of_its_first_steps_unless_it_would_
     recorder = OpRecorder()
     with recorder:
         torch.ones(8, 4) @ torch.ones(4, 2)
+    rule = StopRule(3, 0.02, 200, 20.0)  # the spread over the cap, one round every 20 steps, not met here
 
-    def rounds_after(deadline):
-        rounds = RateRounds("cpu", deadline=deadline)
+    def rounds_after(step_s, deadline=None, steps=4):
+        rounds = RateRounds("cpu", rule, deadline=deadline)
         rounds.use(recorder.trace(), sequence=[1 << 20, -(1 << 20)])
         after = []
-        for step in range(1, 8):
+        for step in range(1, steps + 1):
             before = rounds.rounds
-            rounds.spent_s = max(rounds.spent_s, 1.0) if rounds.rounds else 0.0  # rounds dear, steps free
-            rounds.offer(steps_s=0.0, step=step)
+            rounds.spent_s = max(rounds.spent_s, 1e3) if rounds.rounds else 0.0  # rounds dear: no share
+            rounds.offer(steps_s=step * step_s, step=step)
             after += [step] * (rounds.rounds - before)
         return after, rounds
 
-    after, rounds = rounds_after(None)
+    assert rule.expected_steps(10.0) == 3 and rule.expected_steps(1.5) == 14 and rule.expected_steps(1e-3) == 200
+    after, rounds = rounds_after(10.0)
     assert after == [1, 2, 3] and len(rounds.replays) == 3 and all(len(v) == 3 for v in rounds.per_key.values())
-    assert rounds_after(time.perf_counter() + 3600)[0] == [1, 2, 3]
-    # a round's mean cost is 1 s or more here: half a second before the deadline, only the first round starts
-    assert rounds_after(time.perf_counter() + 0.5)[0] == [1]
+    assert rounds_after(1.5, steps=12)[0] == [1, 5, 10]
+    assert rounds_after(10.0, time.perf_counter() + 3600)[0] == [1, 2, 3]
+    # a round's mean cost is 1,000 s here: half a second before the deadline, only the first round starts
+    assert rounds_after(10.0, time.perf_counter() + 0.5)[0] == [1]
 
 
 def test_rounds_go_on_without_the_copy_where_its_buffers_cannot_be_had(monkeypatch):
@@ -222,7 +231,7 @@ def test_rounds_go_on_without_the_copy_where_its_buffers_cannot_be_had(monkeypat
     recorder = OpRecorder()
     with recorder:
         torch.ones(8, 4) @ torch.ones(4, 2)
-    rounds = RateRounds("cpu", max_steps=3)
+    rounds = RateRounds("cpu", StopRule(3, 0.02, 3, 20.0))
     rounds.use(recorder.trace())
     for step in (1, 2, 3):
         rounds.offer(steps_s=0.0, step=step)
