@@ -81,15 +81,20 @@ def test_a_handover_holds_both_threads_on_the_points_core_and_gives_the_point_it
     other = threading.Thread(target=lambda: seen.setdefault("tid", threading.get_native_id()))
     other.start()
     other.join()
-    helper = threading.Thread(target=threading.Event().wait, args=(2.0,), daemon=True)
+    done = threading.Event()  # the helper lives until the test is through with it, however slow the machine
+    helper = threading.Thread(target=done.wait, daemon=True)
     helper.start()
-    with _one_core(helper.native_id):
-        inside, probe_cores = os.sched_getaffinity(0), os.sched_getaffinity(helper.native_id)
-    assert len(inside) == 1 and inside == probe_cores and inside <= allowed
-    assert os.sched_getaffinity(0) == allowed
-    with pytest.raises(RuntimeError), _one_core(helper.native_id):
-        raise RuntimeError("a failed handover")
-    assert os.sched_getaffinity(0) == allowed
+    try:
+        with _one_core(helper.native_id):
+            inside, probe_cores = os.sched_getaffinity(0), os.sched_getaffinity(helper.native_id)
+        assert len(inside) == 1 and inside == probe_cores and inside <= allowed
+        assert os.sched_getaffinity(0) == allowed
+        with pytest.raises(RuntimeError), _one_core(helper.native_id):
+            raise RuntimeError("a failed handover")
+        assert os.sched_getaffinity(0) == allowed
+    finally:
+        done.set()
+        helper.join()
     with _one_core(seen["tid"]):  # a thread that has ended cannot be pinned: the handover goes on unpinned
         assert os.sched_getaffinity(0) == allowed
 
