@@ -20,18 +20,17 @@ two that the share admits (a round costs one to two of its steps).  One round mi
 by 20 % (llama-small 16 × 2048: 8.5 s of kernels priced in its one round, 6.8–8.0 s in other runs, against
 steps 40 % faster than those runs').  Spread, not bunched after the first steps: a 1.7 s step times a dozen
 steps, and three rounds after its first three priced it at the slower speed those steps ran at (+15.5 %,
-its later steps 20 % faster).  Every round also replays the memory step's allocations for their page faults and times the
-blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_priced`: how many faults, and a fault's
-price in the step's own pattern of allocations, which on a virtual machine can be twice or three times a
-fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on a
-fresh mapping, times one copy and one in-place pass beyond the caches (the floor of a memory-bound
-op) and lets the framework probe take one step (:mod:`.probethread`).  An op's time in a round is kept
-less the page faults it took in that round's timing, at the price that round measured: whether a large
-output is mapped afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048:
-697,000 faults in its ops' timings in one round, none in another run's), and the replay prices the step's
-faults whole.  On a CPU only
-(:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between them (measured: the
-median step after a round over the median step back to back, 0.93 to 1.02 on three models, three times
+its later steps 20 % faster).  Every round also replays the memory step's allocations for their page faults
+and times the blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_priced`: how many faults, and
+a fault's price in the step's own pattern of allocations, which on a virtual machine can be twice or three
+times a fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on
+a fresh mapping, times one copy and one in-place pass beyond the caches (the floor of a memory-bound op) and
+lets the framework probe take one step (:mod:`.probethread`).  An op's time in a round is kept less the page
+faults it took in that round's timing, at the price that round measured: whether a large output is mapped
+afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048: 697,000 faults in
+its ops' timings in one round, none in another run's), and the replay prices the step's faults whole.  On a
+CPU only (:meth:`RateRounds.use`).  The steps' own times are unchanged by the rounds between them (measured:
+the median step after a round over the median step back to back, 0.93 to 1.02 on three models, three times
 each).
 """
 
@@ -40,7 +39,7 @@ from __future__ import annotations
 import statistics
 import time
 
-SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first rounds)
+SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first round)
 # rounds a point gets beyond its share, spread over the steps it is expected to time (see the module's text)
 FIRST_ROUNDS = 3
 # rounds a point gets beyond its share, spread over its step cap: a short step's framework and kernels are
