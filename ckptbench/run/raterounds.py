@@ -56,7 +56,6 @@ class RateRounds:
         self.rule = rule  # the point's StopRule (measure/stopping.py): the steps it is expected to time
         # a perf_counter moment: no round beyond the share starts that would end after it, at a round's mean cost
         self.deadline = deadline
-        self.max_steps = rule.max_steps if rule is not None else 0  # MIN_ROUNDS are spread over the step cap
         self.case = case  # its architecture is probed for the framework's time in each round (.probethread)
         self.probe = None
         self.bandwidths: list[float] = []  # bytes/s of a copy beyond the caches, one per round
@@ -89,11 +88,14 @@ class RateRounds:
             return False
         if self.rounds == 0 or self.spent_s < SHARE * steps_s:
             return True
-        window = self.rule.expected_steps(steps_s / step) if self.rule is not None and step > 0 else 0
-        first = self.rounds < FIRST_ROUNDS and 0 < window and step * FIRST_ROUNDS >= self.rounds * window
-        spread = 0 < self.max_steps and self.rounds < MIN_ROUNDS and step * MIN_ROUNDS >= self.rounds * self.max_steps
-        return (first or spread) and (self.deadline is None or
-                                      time.perf_counter() + self.spent_s / self.rounds <= self.deadline)
+        if self.rule is None or step <= 0:
+            return False
+
+        def turn(rounds: int, steps: int) -> bool:  # `rounds` spread over `steps`: the next one's turn is here
+            return 0 < steps and self.rounds < rounds and step * rounds >= self.rounds * steps
+
+        due = turn(FIRST_ROUNDS, self.rule.expected_steps(steps_s / step)) or turn(MIN_ROUNDS, self.rule.max_steps)
+        return due and (self.deadline is None or time.perf_counter() + self.spent_s / self.rounds <= self.deadline)
 
     def offer(self, steps_s: float, step: int = 0) -> None:
         """After timed step `step` (`steps_s`: the timed steps' seconds so far): one round, if one is due."""

@@ -156,8 +156,8 @@ def test_the_probe_ends_inside_an_offloaded_points_context_as_it_found_it():
 
 
 def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
-    """With the share spent, a point still gets a round after each of its first FIRST_ROUNDS steps, then
-    MIN_ROUNDS rounds in all, one every cap/MIN_ROUNDS steps; past them only the share adds rounds."""
+    """With the share spent, a point still gets MIN_ROUNDS rounds, one every cap/MIN_ROUNDS steps (the
+    FIRST_ROUNDS spread over its expected steps falling among them); past them only the share adds rounds."""
     from ckptbench.measure.optrace import OpRecorder
     from ckptbench.run.raterounds import FIRST_ROUNDS, MIN_ROUNDS, RateRounds
 
