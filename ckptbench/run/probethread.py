@@ -11,8 +11,12 @@ ran, once each, and parks it again.  Only one of the two threads ever runs: the 
 while the probe steps, and the probe waits while the point steps, so neither step shares the interpreter
 with the other.  The random number generators the probe seeds are put back as the point left them.
 
-A round gives the probe's step and its ops' timings; the framework's time is priced from them with the
-machine's figures in :func:`.steptime.framework_from_rounds`.  CPU only, as the rate rounds are.
+Where the point's ops move data (its forward traffic, given), the round then hands the probe over once
+more for a second step, each forward of its modules that run kernels preceded by a read of the point's
+traffic (:mod:`ckptbench.measure.cachescrub`: the caches as the point's step leaves them for the
+framework), the reads' time taken out.  A round gives the probe's steps and its ops' timings; the
+framework's time is priced from them with the machine's figures in
+:func:`.steptime.framework_from_rounds`.  CPU only, as the rate rounds are.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 
+from ..measure.cachescrub import CacheScrub, scrub_bytes
 from ..spec import Case
 from .steptime import PROBE_WARMUP, _probe, _ProbeSchedule, probe_case
 
-MAX_STEPS = 400  # the most steps a probe plans (a Trainer must be told in advance); rounds past it go without
+MAX_STEPS = 400  # the most rounds a probe plans, two steps each (a Trainer must be told in advance); rounds past it go without
 WAIT_S = 300.0  # the longest the point waits for the probe to start or step (a loaded machine: minutes)
 
 
@@ -86,9 +92,14 @@ class _Parked(_ProbeSchedule):
 
     def __init__(self, layers: list, device, thread: ProbeThread):
         super().__init__(layers, device, price=None)
-        self.total = PROBE_WARMUP + 1 + MAX_STEPS
+        self.total = PROBE_WARMUP + 1 + 2 * MAX_STEPS
         self.thread = thread
         self.timed: list[dict] = []  # each round's ops, key -> seconds per call
+        # the point's traffic between the probe's modules (measure/cachescrub.py): each round's second step
+        self.scrub = CacheScrub(layers, time.thread_time if self.cpu else time.perf_counter, self._ops)
+        self.scrub_calls = 0  # the probe's module calls a step (counted on its recorded step)
+        self.scrub_nbytes = 0  # the read before each of them
+        self.polluted: list[float] = []  # each round's step with the reads, their own time taken out
 
     def __iter__(self):
         k = 0
@@ -100,14 +111,26 @@ class _Parked(_ProbeSchedule):
     def done(self) -> bool:
         return self.thread.stopping
 
+    def _ops(self) -> int:
+        """The recorded step's ops so far, views apart."""
+        return sum(sum(e["counts"].values()) for e in self.recorder.entries.values() if e["kind"] != "view")
+
     def begin(self, k: int) -> None:
+        if self.kind(k) == "recorded":
+            self.scrub.counting()
         if self.kind(k) == "timed":
             self.thread.park()
             if self.done:
                 return  # this step runs untimed, and the loop ends after it
+            if self.thread.polluting:
+                self.scrub.reading(self.scrub_nbytes)
         super().begin(k)
 
     def end(self, k: int, loss) -> None:
+        if self.kind(k) == "recorded":
+            self.scrub.off()
+            self.scrub_calls = self.scrub.calls
+            self.scrub_nbytes = scrub_bytes(self.thread.traffic, self.scrub_calls)
         if self.kind(k) != "timed":
             super().end(k, loss)
             return
@@ -116,15 +139,22 @@ class _Parked(_ProbeSchedule):
         from ..measure.oprates import measure_entries
 
         self.timer.stop()
-        self.steps.append((self.timer.cpu_times() if self.cpu else self.timer.times())[-1])
+        step = (self.timer.cpu_times() if self.cpu else self.timer.times())[-1]
+        if self.thread.polluting:
+            self.scrub.off()
+            self.polluted.append(step - self.scrub.spent_s)
+            return
+        self.steps.append(step)
         self.timed.append(measure_entries(self.recorder.trace(), self.thread.device, trials=1))
 
 
 class ProbeThread:
     """The probe of `case`'s architecture in a thread, one step per :meth:`step` (see the module's text)."""
 
-    def __init__(self, case: Case):
+    def __init__(self, case: Case, traffic: int = 0):
         self.case = probe_case(case)
+        self.traffic = traffic  # the point's forward traffic (measure/cachescrub.py): 0, no reads
+        self.polluting = False  # the step handed over now is the round's second, with the reads
         self.device = case.device
         self.schedule: _Parked | None = None
         self.stopping = False
@@ -184,6 +214,12 @@ class ProbeThread:
         if self._ended:
             return False
         self._hand_over()
+        if not self._ended and self.schedule is not None and self.schedule.scrub_nbytes:
+            self.polluting = True
+            try:
+                self._hand_over()  # the same step again, each module's forward after a read of the point's traffic
+            finally:
+                self.polluting = False
         return not self._ended or bool(self.schedule and self.schedule.steps)
 
     def close(self) -> None:
@@ -203,4 +239,5 @@ class ProbeThread:
             return None
         rounds = min(len(s.steps), len(s.timed))
         return {"trace": s.recorder.trace(), "steps_s": s.steps[:rounds], "timed": s.timed[:rounds],
+                "polluted_s": s.polluted[:rounds], "scrub_bytes": s.scrub_nbytes, "scrub_calls": s.scrub_calls,
                 "label": f"{self.case.model.label}, {self.case.strategy}, b=1 s={self.case.seq_len}"}

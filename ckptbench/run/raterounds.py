@@ -101,6 +101,7 @@ class RateRounds:
         """After timed step `step` (`steps_s`: the timed steps' seconds so far): one round, if one is due."""
         if not self.due(steps_s, step):
             return
+        from ..measure.cachescrub import forward_traffic
         from ..measure.heapfaults import fault_price, replay_priced
         from ..measure.oprates import clock, measure_entries
         from .probethread import ProbeThread
@@ -108,7 +109,7 @@ class RateRounds:
         t0 = time.perf_counter()
         self._bandwidth()  # first: the copy leaves the caches cold, and the ops' warm-up calls warm them
         if self.probe is None and self.case is not None:
-            self.probe = ProbeThread(self.case)
+            self.probe = ProbeThread(self.case, forward_traffic(self.entries))
         if self.probe is not None:
             self.probe.step()  # one framework-probe step and its ops' timings (none once it has failed)
         faults: dict[str, float] = {}

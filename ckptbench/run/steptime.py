@@ -183,15 +183,26 @@ def _kernels(entries: list[dict], timed: dict[str, float], figures: dict, device
 
 def framework_from_rounds(probe: dict, figures: dict, device: str) -> dict:
     """The framework's time per op from the probe's steps taken between the point's own
-    (:mod:`.probethread`): each round's step less its ops as that round timed them, per op; the median."""
-    per_op, kernels = [], []
-    for step, timed in zip(probe["steps_s"], probe["timed"], strict=True):
+    (:mod:`.probethread`): each round's step less its ops as that round timed them, per op; the median.
+    Where the round's second step read the point's traffic before each module (`polluted_s`, its reads'
+    time out: :mod:`ckptbench.measure.cachescrub`), that step's figure is the one the point is priced at;
+    the plain step's stays beside it (`clean_per_op_s`)."""
+    clean, polluted, kernels = [], [], []
+    pairs = probe.get("polluted_s") or []
+    for i, (step, timed) in enumerate(zip(probe["steps_s"], probe["timed"], strict=True)):
         kernel_s, ops = _kernels(probe["trace"], timed, figures, device)
-        per_op.append((step - kernel_s) / ops)
+        clean.append((step - kernel_s) / ops)
+        if i < len(pairs):
+            polluted.append((pairs[i] - kernel_s) / ops)
         kernels.append(kernel_s)
+    per_op = polluted or clean
+    scrub = probe.get("scrub_bytes") or 0
+    how = (f"; each module's forward in its second step after a read of {scrub / 2**20:.2f} MiB, the point's "
+           f"forward traffic over {probe.get('scrub_calls')} module calls" if polluted else "")
     return {"per_op_s": statistics.median(per_op), "rounds_per_op_s": per_op,
+            "clean_per_op_s": statistics.median(clean), "scrub_bytes": scrub if polluted else 0,
             "step_s": statistics.median(probe["steps_s"]), "kernel_s": statistics.median(kernels),
-            "probe": f"{probe['label']}, one step in each of the point's {len(per_op)} rate rounds"}
+            "probe": f"{probe['label']}, one step in each of the point's {len(clean)} rate rounds{how}"}
 
 
 def framework_time(case: Case, cache: RateCache) -> dict:
@@ -281,6 +292,9 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
     rates = replace(rates, fault_s=rounds.get("heap_fault_s") or rounds.get("fault_s") or 0.0)
     cost = step_cost(entries, rates, heap_faults(entries, rounds))
     return {"predicted_s": cost.seconds, **cost.to_dict(), "framework_s_per_op": rates.framework_s_per_op,
+            # the probe's figure without the point's traffic read between its modules, and that read's size
+            "framework_clean_s_per_op": how["framework"].get("clean_per_op_s", rates.framework_s_per_op),
+            "framework_scrub_bytes": how["framework"].get("scrub_bytes", 0),
             "framework_probe": how["framework"].get("probe"), "timed_now": how["timed_now"],
             "framework_rounds": len(how["framework"].get("rounds_per_op_s") or []),
             "framework_probe_error": rounds.get("probe_error"),

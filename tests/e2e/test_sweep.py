@@ -112,7 +112,11 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         # the framework's time from the probe's steps, one in each rate round, beside the point's own
         assert model["framework_probe_error"] is None, model["framework_probe_error"]
         assert model["framework_rounds"] == model["rate_rounds"], model
-        assert model["framework_probe"].endswith(f"one step in each of the point's {model['rate_rounds']} rate rounds")
+        assert f"one step in each of the point's {model['rate_rounds']} rate rounds" in model["framework_probe"]
+        # and a second step a round with the point's forward traffic read between its modules, the one it
+        # is priced at; the plain step's figure beside it
+        assert 0 < model["framework_scrub_bytes"] <= 8 * 2**20 and model["framework_clean_s_per_op"] > 0, model
+        assert "after a read of" in model["framework_probe"], model["framework_probe"]
 
 
 def _default_sigint() -> None:
