@@ -41,9 +41,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
 
     recorder = OpRecorder()
-    scrub = CacheScrub(list(model.model.layers), time.perf_counter,
-                       ops=lambda: sum(sum(e["counts"].values()) for e in recorder.entries.values()
-                                       if e["kind"] != "view"))
+    scrub = CacheScrub(list(model.model.layers), time.perf_counter, ops=recorder.kernel_calls)
     for _ in range(5):
         step()
     scrub.counting()

@@ -161,5 +161,9 @@ class OpRecorder(FlopCounter):
         """The entries, in the order they first ran."""
         return list(self.entries.values())
 
+    def kernel_calls(self) -> int:
+        """The calls recorded so far that run a kernel (every one but a view's), all phases."""
+        return sum(sum(e["counts"].values()) for e in self.entries.values() if e["kind"] != "view")
+
     def result(self) -> dict:
         return {**super().result(), "op_trace": self.trace()}

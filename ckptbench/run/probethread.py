@@ -31,7 +31,8 @@ from ..measure.cachescrub import CacheScrub, scrub_bytes
 from ..spec import Case
 from .steptime import PROBE_WARMUP, _probe, _ProbeSchedule, probe_case
 
-MAX_STEPS = 400  # the most rounds a probe plans, two steps each (a Trainer must be told in advance); rounds past it go without
+# the most rounds a probe plans, two steps each (a Trainer must be told in advance); rounds past it go without
+MAX_STEPS = 400
 WAIT_S = 300.0  # the longest the point waits for the probe to start or step (a loaded machine: minutes)
 
 
@@ -96,7 +97,8 @@ class _Parked(_ProbeSchedule):
         self.thread = thread
         self.timed: list[dict] = []  # each round's ops, key -> seconds per call
         # the point's traffic between the probe's modules (measure/cachescrub.py): each round's second step
-        self.scrub = CacheScrub(layers, time.thread_time if self.cpu else time.perf_counter, self._ops)
+        clock = time.thread_time if self.cpu else time.perf_counter
+        self.scrub = CacheScrub(layers, clock, self.recorder.kernel_calls)
         self.scrub_calls = 0  # the probe's module calls a step (counted on its recorded step)
         self.scrub_nbytes = 0  # the read before each of them
         self.polluted: list[float] = []  # each round's step with the reads, their own time taken out
@@ -110,10 +112,6 @@ class _Parked(_ProbeSchedule):
     @property
     def done(self) -> bool:
         return self.thread.stopping
-
-    def _ops(self) -> int:
-        """The recorded step's ops so far, views apart."""
-        return sum(sum(e["counts"].values()) for e in self.recorder.entries.values() if e["kind"] != "view")
 
     def begin(self, k: int) -> None:
         if self.kind(k) == "recorded":

@@ -25,7 +25,8 @@ and times the blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_pr
 a fault's price in the step's own pattern of allocations, which on a virtual machine can be twice or three
 times a fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on
 a fresh mapping, times one copy and one in-place pass beyond the caches (the floor of a memory-bound op) and
-lets the framework probe take one step (:mod:`.probethread`).  An op's time in a round is kept less the page
+lets the framework probe take one step, and a second with the point's forward traffic read between its
+modules (:mod:`.probethread`).  An op's time in a round is kept less the page
 faults it took in that round's timing, at the price that round measured: whether a large output is mapped
 afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048: 697,000 faults in
 its ops' timings in one round, none in another run's), and the replay prices the step's faults whole.  On a
@@ -111,7 +112,7 @@ class RateRounds:
         if self.probe is None and self.case is not None:
             self.probe = ProbeThread(self.case, forward_traffic(self.entries))
         if self.probe is not None:
-            self.probe.step()  # one framework-probe step and its ops' timings (none once it has failed)
+            self.probe.step()  # the framework probe's steps and its ops' timings (none once it has failed)
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))

@@ -24,8 +24,8 @@ already took (:mod:`ckptbench.measure.heapfaults`: the step's allocations replay
 measured price), and every op pays the framework's time per op (Python, autograd's graph and engine, module
 hooks, checkpoint's bookkeeping: what a step spends beside its kernels, measured on the same
 architecture shrunk until its kernels cost nothing, and between a point's steps with the point's traffic
-read between its modules: :mod:`ckptbench.measure.cachescrub`).  A GPU runs asynchronously: there the step takes the
-longer of the host's time and the kernels' (:attr:`Rates.host_bound`).
+read between its modules: :mod:`ckptbench.measure.cachescrub`).  A GPU runs asynchronously: there the step
+takes the longer of the host's time and the kernels' (:attr:`Rates.host_bound`).
 
 Without the device (planning a GPU from a CPU), :func:`datasheet_rates` prices every entry from the
 card's datasheet peak FLOP/s and memory bandwidth: an optimistic figure (no kernel reaches its
