@@ -20,12 +20,17 @@ two that the share admits (a round costs one to two of its steps).  One round mi
 by 20 % (llama-small 16 × 2048: 8.5 s of kernels priced in its one round, 6.8–8.0 s in other runs, against
 steps 40 % faster than those runs').  Spread, not bunched after the first steps: a 1.7 s step times a dozen
 steps, and three rounds after its first three priced it at the slower speed those steps ran at (+15.5 %,
-its later steps 20 % faster).  Every round also replays the memory step's allocations for their page faults
-and times the blocks that faulted (:func:`ckptbench.measure.heapfaults.replay_priced`: how many faults, and
-a fault's price in the step's own pattern of allocations, which on a virtual machine can be twice or three
-times a fresh mapping's: the median count, and all rounds' seconds over all their faults), prices a fault on
-a fresh mapping, times one copy and one in-place pass beyond the caches (the floor of a memory-bound op) and
-lets the framework probe take one step, and a second with the point's forward traffic read between its
+its later steps 20 % faster).  Every round also replays the memory step's allocations twice for their page
+faults (:func:`ckptbench.measure.heapfaults.replay_priced`) and times the blocks that faulted: first, for how
+many faults, before anything else in the round allocates, glibc's heap as the step left it (after the ops'
+timings it counted 14-24 % more than llama-small 16 × 2048's steps took, right after the step 0.9-1.15 of
+them); last, after the ops' timings, for what a fault costs, the step's freed memory then as long unused as
+the next step finds it (on a virtual machine whose host takes back what the guest frees, a fault right
+after the step cost 3.0-3.4 µs and one after the ops' timings 3.3-4.2, its steps' ~3.2-5.4).  The median
+count, and all rounds' last replays' seconds over their faults.  It prices a fault on a fresh mapping, times
+one copy and one in-place pass beyond the caches (the floor of a memory-bound op; the copy's buffers made
+before the first timed step, so that none of them is still in the cache) and lets the framework probe take
+one step, and a second with the point's forward traffic read between its
 modules (:mod:`.probethread`).  An op's time in a round is kept less the page
 faults it took in that round's timing, at the price that round measured: whether a large output is mapped
 afresh when timed depends on what glibc's heap holds then (gpt2-tiny every-2 16 × 2048: 697,000 faults in
@@ -65,7 +70,8 @@ class RateRounds:
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[tuple[float, float, int]]] = {}  # (seconds, faults per call, round)
         self.sequence: list[int] | None = None  # the memory step's allocations, for the heap-fault replay
-        self.replays: list[tuple[int, float]] = []  # each round's replay: its faults, and their seconds
+        self.replays: list[tuple[int, float]] = []  # each round's replay first in it: faults, their seconds
+        self.repriced: list[tuple[int, float]] = []  # each round's replay at its end: faults, their seconds
         self.prices: list[float | None] = []  # seconds per minor fault, one per round (None: none reported)
         self.rounds = 0
         self.spent_s = 0.0
@@ -78,6 +84,15 @@ class RateRounds:
         does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
         self.sequence = sequence if self.entries is not None else None
+        if self.entries is not None and self._buffers is None:
+            # made now, before the timed steps: buffers just written sit in the last-level cache (480 MiB on
+            # this project's VM), and a first round's copy on them read 12 GB/s where the others read 5-7
+            from ..measure.oprates import copy_buffers
+
+            try:
+                self._buffers = copy_buffers(self.device)
+            except (RuntimeError, MemoryError):  # a point near its memory cap: the figures measured once stand
+                self._buffers = False
 
     def due(self, steps_s: float, step: int = 0) -> bool:
         """After timed step `step` (from 1; `steps_s` the steps' seconds so far): the first round, then while
@@ -108,7 +123,9 @@ class RateRounds:
         from .probethread import ProbeThread
 
         t0 = time.perf_counter()
-        self._bandwidth()  # first: the copy leaves the caches cold, and the ops' warm-up calls warm them
+        if self.sequence is not None:  # first, for the count: glibc's heap as the step left it
+            self.replays.append(replay_priced(self.sequence, clock(self.device)))
+        self._bandwidth()  # first of the rest: the copy leaves the caches cold, and the ops' warm-up calls warm them
         if self.probe is None and self.case is not None:
             self.probe = ProbeThread(self.case, forward_traffic(self.entries))
         if self.probe is not None:
@@ -116,8 +133,8 @@ class RateRounds:
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
-        if self.sequence is not None:
-            self.replays.append(replay_priced(self.sequence, clock(self.device)))
+        if self.sequence is not None:  # last, for the price: the step's freed memory as long unused as the next step meets it
+            self.repriced.append(replay_priced(self.sequence, clock(self.device)))
         self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
@@ -125,12 +142,11 @@ class RateRounds:
     def _bandwidth(self) -> None:
         """The copy bandwidth and the in-place rate (a memory-bound op's floor), as the ops are timed, at this
         round's speed."""
-        from ..measure.oprates import copy_buffers, copy_once, inplace_once
+        from ..measure.oprates import copy_once, inplace_once
 
-        if self._buffers is False:
+        if not self._buffers:
             return
         try:
-            self._buffers = self._buffers or copy_buffers(self.device)
             self.bandwidths.append(copy_once(self._buffers, self.device))
             self.inplace.append(inplace_once(self._buffers[0], self.device))  # the copy's source, read back
         except (RuntimeError, MemoryError):  # a point near its memory cap: the figures measured once stand
@@ -152,7 +168,7 @@ class RateRounds:
         probe = self.probe.result() if self.probe is not None else None
         priced = [p for p in self.prices if p is not None]
         fault_s = statistics.median(priced) if priced else None
-        heap = [(f, s) for f, s in self.replays if f > 0]
+        heap = [(f, s) for f, s in self.repriced if f > 0]
 
         def own(seconds: float, faults: float, round_: int) -> float:  # an op's time less its own faults
             price = self.prices[round_] if round_ < len(self.prices) and self.prices[round_] else fault_s
@@ -167,6 +183,10 @@ class RateRounds:
                 "heap_fault_s": sum(s for _, s in heap) / sum(f for f, _ in heap) if heap else None,
                 "fault_s": fault_s,
                 "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
+                "bandwidths": list(self.bandwidths),  # each round's copy bandwidth
+                "heap_faults_rounds": [f for f, _ in self.replays],  # each round's first replay's faults
+                # each round's last replay: what a fault cost there (None: it took none)
+                "heap_fault_prices": [s / f if f else None for f, s in self.repriced],
                 "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None,
                             "inplace_bytes_per_s": statistics.median(self.inplace) if self.inplace else None},
                 "probe_error": self.probe.error if self.probe is not None else None}

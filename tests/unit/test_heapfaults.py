@@ -118,9 +118,13 @@ def test_each_rounds_op_times_lose_their_own_faults_at_that_rounds_price_and_the
                       "add": [(1e-3, 0.0, 0), (1e-3, 0.0, 1), (1e-3, 0.0, 2)]}
     rounds.prices = [2e-6, None, 1e-6]  # the middle round's price: the median of the others, 1.5 us
     rounds.replays, rounds.rounds = [(9_000, 0.045), (8_000, 0.032), (10_000, 0.06)], 3
+    # each round's replay at its end: the price's (one took no fault, and counts for nothing)
+    rounds.repriced = [(12_000, 0.06), (0, 0.001), (11_000, 0.044)]
     result = rounds.result()
-    # the replays' median count, and all their seconds over all their faults
-    assert result["heap_faults"] == 9_000 and result["heap_fault_s"] == pytest.approx(0.137 / 27_000)
+    # the first replays' median count; the last replays' seconds over their faults, all rounds together
+    assert result["heap_faults"] == 9_000 and result["heap_fault_s"] == pytest.approx(0.104 / 23_000)
+    assert result["heap_faults_rounds"] == [9_000, 8_000, 10_000]
+    assert result["heap_fault_prices"] == [pytest.approx(5e-6), None, pytest.approx(4e-6)]
     # mul: 5 ms - 1000 x 2 us = 3 ms; 2 ms; 6 ms - 2000 x 1 us = 4 ms: median 3 ms
     assert result["per_call_s"]["mul"] == pytest.approx(3e-3) and result["per_call_s"]["add"] == pytest.approx(1e-3)
     assert result["faults_apart"] and result["fault_s"] == pytest.approx(1.5e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import threading
 
 import pytest
@@ -181,11 +182,48 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     # every round replays the allocations, counts each op's own faults and prices a fault
     assert result["heap_faults"] is not None and result["faults_per_call"] and len(rounds.replays) == MIN_ROUNDS
     assert all(len(v) == MIN_ROUNDS for v in rounds.per_key.values()) and len(rounds.prices) == MIN_ROUNDS
-    # every round timed one copy beyond the caches on buffers kept between rounds, freed at the end
-    assert len(rounds.bandwidths) == MIN_ROUNDS and result["figures"]["bandwidth_bytes_per_s"] > 0
+    # every round read the copy bandwidth beyond the caches on buffers kept between rounds, freed at the
+    # end; the figure is the rounds' median, and the record keeps each round's, and each replay's faults
+    assert len(rounds.bandwidths) == MIN_ROUNDS and result["bandwidths"] == rounds.bandwidths
+    assert result["figures"]["bandwidth_bytes_per_s"] == statistics.median(rounds.bandwidths)
+    assert result["heap_faults_rounds"] == [f for f, _ in rounds.replays]
+    assert result["heap_faults"] == statistics.median(result["heap_faults_rounds"])
+    assert len(result["heap_fault_prices"]) == MIN_ROUNDS
     # and one in-place pass over the copy's source, which it leaves as it found it
     assert len(rounds.inplace) == MIN_ROUNDS and result["figures"]["inplace_bytes_per_s"] > 0
     assert rounds._buffers is None
+
+
+def test_a_round_replays_the_step_s_allocations_first_and_reads_the_copy_at_both_ends(monkeypatch):
+    """The replay that counts the step's faults meets glibc's heap as the step left it: it runs before
+    anything else in the round allocates (the ops' timings).  The one that prices them runs after the ops'
+    timings, the step's freed memory as long unused as the next step finds it.  The copy's buffers are made
+    before the first timed step, so that the first round's copy does not meet them still in the cache."""
+    from ckptbench.measure import heapfaults, oprates
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import RateRounds
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(8, 4) @ torch.ones(4, 2)
+    calls = []
+
+    def spy(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(heapfaults, "replay_priced", spy("replay", heapfaults.replay_priced))
+    monkeypatch.setattr(heapfaults, "fault_price", spy("price", heapfaults.fault_price))
+    monkeypatch.setattr(oprates, "copy_once", spy("copy", oprates.copy_once))
+    monkeypatch.setattr(oprates, "measure_entries", spy("ops", oprates.measure_entries))
+    rounds = RateRounds("cpu")
+    rounds.use(recorder.trace(), sequence=[1 << 20, -(1 << 20)])
+    assert rounds._buffers and calls == []  # the copy's buffers are made before the timed steps, not timed
+    rounds.offer(steps_s=1.0, step=1)
+    assert calls == ["replay", "copy", "ops", "replay", "price"] and rounds.rounds == 1
+    assert len(rounds.bandwidths) == 1 and len(rounds.replays) == len(rounds.repriced) == 1
 
 
 def test_the_first_rounds_are_spread_over_the_steps_a_point_is_expected_to_time_and_end_by_the_deadline():
