@@ -86,7 +86,8 @@ class RateRounds:
         self.sequence = sequence if self.entries is not None else None
         if self.entries is not None and self._buffers is None:
             # made now, before the timed steps: buffers just written sit in the last-level cache (480 MiB on
-            # this project's VM), and a first round's copy on them read 12 GB/s where the others read 5-7
+            # this project's VM), and a first round's copy on them read 12 GB/s where the long points' other
+            # rounds read 5-9
             from ..measure.oprates import copy_buffers
 
             try:
@@ -125,7 +126,7 @@ class RateRounds:
         t0 = time.perf_counter()
         if self.sequence is not None:  # first, for the count: glibc's heap as the step left it
             self.replays.append(replay_priced(self.sequence, clock(self.device)))
-        self._bandwidth()  # first of the rest: the copy leaves the caches cold, and the ops' warm-up calls warm them
+        self._bandwidth()  # before the ops: the copy leaves the caches cold, and the ops' warm-up calls warm them
         if self.probe is None and self.case is not None:
             self.probe = ProbeThread(self.case, forward_traffic(self.entries))
         if self.probe is not None:
@@ -133,7 +134,7 @@ class RateRounds:
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
-        if self.sequence is not None:  # last, for the price: the step's freed memory as long unused as the next step meets it
+        if self.sequence is not None:  # last, for the price: the step's freed memory unused as long as the next step finds it
             self.repriced.append(replay_priced(self.sequence, clock(self.device)))
         self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -106,6 +107,11 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         # priced beside the ops; each timed step's faults counted, one per step, for the comparison
         assert model["heap_faults_replayed"] >= model["heap_faults"] >= 0 and model["fault_price_s"] > 0, model
         assert model["heap_fault_price_s"] > 0, model  # the replay's own price: its faulting blocks timed
+        # each round's count (its first replay), price (its last) and copy bandwidth, kept in the record
+        assert len(model["heap_faults_rounds"]) == len(model["heap_fault_prices_s"]) == model["rate_rounds"], model
+        assert model["heap_faults_replayed"] == statistics.median(model["heap_faults_rounds"]), model
+        assert len(model["bandwidth_readings"]) == model["rate_rounds"], model
+        assert model["bandwidth_bytes_per_s"] == statistics.median(model["bandwidth_readings"]), model
         assert model["fault_s"] == model["heap_faults"] * model["heap_fault_price_s"]
         assert model["predicted_s"] == model["kernel_s"] + model["framework_s"] + model["fault_s"]
         assert len(m["step_minor_faults"]) == len(m["step_times_s"]) and min(m["step_minor_faults"]) >= 0
