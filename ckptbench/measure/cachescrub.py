@@ -44,8 +44,9 @@ def leaf_modules(layers: list) -> list:
 class CacheScrub:
     """Pre-hooks on the leaf modules of `layers`.  :meth:`counting` finds which of them run a kernel (their
     forward dispatches an op other than a view, by `ops`: the op recorder's running count,
-    :meth:`~ckptbench.measure.optrace.OpRecorder.kernel_calls`; a dropout of probability 0 runs none) and counts those modules' calls; :meth:`reading` reads `nbytes` before each
-    call of those, its time by `clock` summed in :attr:`spent_s`."""
+    :meth:`~ckptbench.measure.optrace.OpRecorder.kernel_calls`; a dropout of probability 0 runs none) and
+    counts those modules' calls; :meth:`reading` reads `nbytes` before each call of those, its time by
+    `clock` summed in :attr:`spent_s`."""
 
     def __init__(self, layers: list, clock, ops=None):
         self.modules = leaf_modules(layers)

@@ -134,7 +134,8 @@ class RateRounds:
         faults: dict[str, float] = {}
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
-        if self.sequence is not None:  # last, for the price: the step's freed memory unused as long as the next step finds it
+        # last, for the price: the step's freed memory unused as long as the next step finds it
+        if self.sequence is not None:
             self.repriced.append(replay_priced(self.sequence, clock(self.device)))
         self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1

@@ -194,7 +194,7 @@ def test_min_rounds_are_spread_over_the_step_cap_beyond_the_share():
     assert rounds._buffers is None
 
 
-def test_a_round_replays_the_step_s_allocations_first_and_reads_the_copy_at_both_ends(monkeypatch):
+def test_a_round_counts_the_step_s_faults_first_and_prices_them_last(monkeypatch):
     """The replay that counts the step's faults meets glibc's heap as the step left it: it runs before
     anything else in the round allocates (the ops' timings).  The one that prices them runs after the ops'
     timings, the step's freed memory as long unused as the next step finds it.  The copy's buffers are made
