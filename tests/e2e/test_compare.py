@@ -116,7 +116,9 @@ def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, c
     step = next(d for d in point["deltas"] if d["quantity"] == "step_time_median_s")
     assert point["regressed"] and step["regressed"]
     assert step["new"] >= 0.05  # the injected sleep is inside the timed step
-    assert step["verdict"] == "regression" and step["p_value"] < 0.01  # 5 steps against 5, all slower
+    # the product's bar (p < 0.05), not a stricter one: the baseline's steps run on whatever the machine is
+    # doing, and one of them slowed by load widens the t-test's variance (CI saw p = 0.0199 once)
+    assert step["verdict"] == "regression" and step["p_value"] < 0.05
     assert step["test"] == "one-sided Welch t on log times, 5 vs 5 steps"
     assert 0.9 <= step["old_ci_coverage"] <= 1  # a bootstrap interval over 5 steps: about 94 %, not 95
     # every new step holds the 50 ms sleep, so every bootstrap median does (whether the old interval ends
