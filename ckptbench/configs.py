@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from .answers import remembered
 from .spec import FAMILIES, ModelSpec, canonical_config
+from .store.files import open_regular
 
 # ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension
 # under one of them (:func:`config_keys`); the others are aliases it does not know.
@@ -66,7 +67,7 @@ def read_config_file(path: str) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r", encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None

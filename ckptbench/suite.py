@@ -53,6 +53,7 @@ from .spec import (
     canonical_config,
     preset,
 )
+from .store.files import open_regular
 from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are this module's API too)
     AXES,
     AXIS_DEFAULTS,
@@ -351,7 +352,7 @@ def parse_suite(text: str, path: str = "<suite>") -> Suite:
 
 def load_suite(path: str) -> Suite:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r", encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
         raise SuiteError(path, "(file)", f"cannot read: {exc.strerror or exc}") from None

@@ -12,6 +12,7 @@ Registered by :mod:`ckptbench.cli` with one call:
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -61,11 +62,7 @@ def cmd_gpu_summary(args) -> int:
     loaded = require_records(args.run, "summarise")
     for problem in loaded.problems:
         print(f"warning: {problem}", file=sys.stderr)
-    calibration = {}
-    cal_path = os.path.join(args.run, CALIBRATION)
-    if os.path.exists(cal_path):
-        with open(cal_path, encoding="utf-8") as fh:
-            calibration = json.load(fh)
+    calibration = read_calibration_file(os.path.join(args.run, CALIBRATION))
     from ..theory.simulated import load_simulated
 
     summary = summarise(loaded.records, calibration, load_simulated(args.run))
@@ -73,6 +70,34 @@ def cmd_gpu_summary(args) -> int:
         write_json_atomic(os.path.join(args.run, SUMMARY), summary)
     print("\n".join(format_summary(summary)))
     return 0
+
+
+RATES = ("h2d_bytes_per_s", "d2h_bytes_per_s", "matmul_flops_per_s")  # what the summary divides by
+
+
+def read_calibration_file(path: str) -> dict:
+    """A run's ``calibration.json`` ({} when there is none); UsageError naming the file, and the key, when
+    it is not one ``calibrate`` writes."""
+    from ..errors import UsageError
+    from ..store.files import open_regular
+
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open_regular(path, "r", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UsageError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a calibration (a JSON object), got {type(data).__name__}")
+    for key in RATES:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise UsageError(f"{path}: {key}: must be a positive number, got {value!r}")
+    return data
 
 
 def add_parsers(sub) -> None:

@@ -132,12 +132,13 @@ def _plan_file(path: str | None) -> str | None:
     if not path:
         return None
     from ..errors import UsageError
+    from ..store.files import open_regular
 
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r", encoding="utf-8") as fh:
             text = fh.read()
         plan = json.loads(text)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"--plan {path}: {exc}") from None
     if not isinstance(plan, dict) or not isinstance(plan.get("options"), list) or not plan.get("seq_len"):
         raise UsageError(f"--plan {path}: not a `ckptbench plan --json` output (no options or seq_len)")

@@ -13,6 +13,7 @@ import os
 import matplotlib.pyplot as plt
 
 from ..spec import precision_name
+from ..store.files import open_regular
 from .figures import STYLE, Figure, _encode
 
 PLAN_FILE = "plan.json"
@@ -22,7 +23,7 @@ def load_plan(run_dir: str) -> dict | None:
     path = os.path.join(run_dir, PLAN_FILE)
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as fh:
+    with open_regular(path, "r", encoding="utf-8") as fh:
         return json.load(fh)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ..store.files import remove_quietly, write_text_atomic
+from ..store.files import open_regular, remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
 from . import (
@@ -78,7 +78,7 @@ def read_suite(run_dir: str) -> SuiteInfo:
         return SuiteInfo(note=f"suite file not stored with this run (no {SUITE_FILE} in the results "
                               "directory); memory budgets unknown")
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open_regular(path, "r", encoding="utf-8", errors="replace") as fh:
             text = fh.read()
     except OSError as exc:
         return SuiteInfo(note=f"{SUITE_FILE} could not be read: {exc}")

@@ -10,6 +10,7 @@ import sys
 
 from ..errors import UsageError
 from ..spec import Case
+from ..store.files import open_regular
 from ..theory.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120
@@ -50,7 +51,7 @@ def read_calibration(path: str | None, verify: bool = False) -> dict:
     if not path or (verify and not os.path.exists(path)):
         return {}
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r", encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
         raise UsageError(f"--calibration {path}: cannot read: {exc.strerror or exc}") from None

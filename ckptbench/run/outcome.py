@@ -16,7 +16,7 @@ import re
 import sys
 import time
 
-from ..store.files import tail, write_json_atomic
+from ..store.files import open_regular, tail, write_json_atomic
 
 REASON_CHARS = 200  # of a failure's last line, as status prints it
 JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # Slurm's 4242_0, a local pid: never a path
@@ -43,7 +43,7 @@ def job_outcome(folder: str, job_id: str) -> str:
     if not JOB_ID.fullmatch(job_id):
         return f"unknown: job id {job_id!r} is no file name"
     try:
-        with open(outcome_path(folder, job_id), encoding="utf-8") as fh:
+        with open_regular(outcome_path(folder, job_id), "r", encoding="utf-8") as fh:
             note = json.load(fh)
     except FileNotFoundError:
         note = None

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from ..store.files import write_json_atomic
+from ..store.files import open_regular, write_json_atomic
 
 DIRECTORY_LOCK = ".sweeps.lock"
 LOCK_NAME = re.compile(r"^\.sweep-(\d+)-of-(\d+)\.lock$")
@@ -74,7 +74,7 @@ class _DirectoryLock:
 def _held(path: str) -> bool:
     """Whether a live process holds the lock at `path` (tried, never waited for; under the directory lock)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO planted there: never wait
     except OSError:
         return False
     try:
@@ -98,7 +98,7 @@ def _shards_in(out_dir: str) -> list[tuple[int, int]]:
     found = []
     for path in glob.glob(os.path.join(glob.escape(out_dir), ".sweep-*-of-*.lock")):
         match = LOCK_NAME.match(os.path.basename(path))
-        if match:
+        if match and 1 <= int(match[1]) <= int(match[2]):  # shard 0/0 or 3/2 is no name a sweep gives
             found.append((int(match[1]), int(match[2])))
     return sorted(found, key=lambda s: (s[1], s[0]))
 
@@ -185,11 +185,17 @@ class ShardState:
 def _state(out_dir: str, shard: tuple[int, int]) -> dict:
     """What the sweep of `shard` said last (empty when unreadable)."""
     try:
-        with open(state_path(out_dir, shard), encoding="utf-8") as fh:
+        with open_regular(state_path(out_dir, shard), "r", encoding="utf-8") as fh:
             info = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         info = {}
-    return info if isinstance(info, dict) else {}
+    if not isinstance(info, dict):
+        return {}
+    running = info.get("running")
+    if running is not None:  # what status lists: points with a case id (a copied or edited file may hold anything)
+        info["running"] = [p for p in running if isinstance(p, dict) and isinstance(p.get("case_id"), str)
+                           and type(p.get("repeat", 0)) is int] if isinstance(running, list) else []
+    return info
 
 
 def shard_states(out_dir: str) -> list[ShardState]:

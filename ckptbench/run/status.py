@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from ..spec import Case
+from ..store.files import open_regular
 from ..store.records import load_records
 from ..suite import load_suite
 from .outcome import job_outcome
@@ -92,14 +93,18 @@ def _jobs(run_dir: str, shards: list[ShardState]) -> list[JobState]:
     folder = os.path.dirname(path)
     latest: dict[tuple[int, int], tuple[str, str]] = {}
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "rb") as fh:
             for line in fh:
                 try:
                     entry = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, not UTF-8
                     continue
-                for job in entry.get("jobs", []):
-                    latest[tuple(job["shard"])] = (str(job["job_id"]), entry.get("launcher", "?"))
+                jobs = entry.get("jobs") if isinstance(entry, dict) else None
+                for job in jobs if isinstance(jobs, list) else []:
+                    shard = job.get("shard") if isinstance(job, dict) else None
+                    if (isinstance(shard, list) and len(shard) == 2 and all(type(k) is int for k in shard)
+                            and "job_id" in job):  # a line of another shape says nothing of a job
+                        latest[tuple(shard)] = (str(job["job_id"]), str(entry.get("launcher", "?")))
     except OSError:
         return []
     holding = {s.info.get("job"): s for s in shards if s.held}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .files import open_regular
 from .jsonl import append_line
 from .significance import ALPHA, log_moments, upper_p, welch
 
@@ -43,7 +44,7 @@ def load_readings(path: str) -> list[dict]:
     """The readings beside a results directory or records file ([] when there are none); a line that is
     not a JSON object is skipped (a torn last line)."""
     try:
-        with open(readings_path(path), encoding="utf-8") as fh:
+        with open_regular(readings_path(path), "r", encoding="utf-8") as fh:
             lines = fh.read().splitlines()
     except (OSError, UnicodeDecodeError):
         return []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..measure.timing import nearest_rank
+from .files import open_regular
 from .records import RECORDS, latest_lines, load_records, merged_cases, no_cycle_collection
 from .repeats import time_samples
 
@@ -179,7 +180,7 @@ def load_side(path: str) -> Side:
     if os.path.isdir(path) or path.endswith(".jsonl"):
         return _load_sweep(path)
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path, "r", encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None

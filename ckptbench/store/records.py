@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from ..errors import StorageError
+from ..errors import StorageError, UsageError
+from .files import open_regular
 from .jsonl import append_line
 from .repeats import merge_repeats, single_records
 from .timelines import store_timeline
@@ -84,7 +85,11 @@ def load_records(path: str, merged: bool = True) -> LoadedRecords:
     if not os.path.exists(path):
         out.problems.append(f"{path}: no records file")
         return out
-    with open(path, "rb") as fh, no_cycle_collection():  # line by line: never the whole file at once
+    try:
+        fh = open_regular(path)
+    except OSError as exc:  # a directory, a FIFO or a device where the records should be: one line, exit 2
+        raise UsageError(f"{path}: cannot read the records: {exc.strerror or exc}") from None
+    with fh, no_cycle_collection():  # line by line: never the whole file at once
         for number, line in enumerate(fh, start=1):
             _read_line(out, path, number, line)
         out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())

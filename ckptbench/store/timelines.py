@@ -27,6 +27,7 @@ import json
 import os
 
 from ..errors import StorageError
+from .files import open_regular
 from .jsonl import append_line
 
 TIMELINES = "timelines.jsonl"
@@ -198,7 +199,7 @@ class Timelines:
         if not self.path:
             return self._index
         try:
-            fh = open(self.path, "rb")
+            fh = open_regular(self.path)
         except FileNotFoundError:
             return self._index
         except OSError as exc:

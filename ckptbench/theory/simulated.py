@@ -11,11 +11,14 @@ not counted and carry the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 
+from ..errors import UsageError
 from ..spec import Case, Recompute, Suite
+from ..store.files import open_regular
 
 SIMULATED = "simulated.jsonl"
 
@@ -79,15 +82,32 @@ def load_simulated(run_dir: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     if not os.path.exists(path):
         return out
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    try:
+        fh = open_regular(path, "r", encoding="utf-8", errors="replace")
+    except OSError as exc:  # a directory, a FIFO or a device in its place
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with fh:
         for raw in fh:
             try:
                 line = json.loads(raw)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            if isinstance(line, dict) and "case_id" in line:
+            if _line_shape(line):
                 out[line["case_id"]] = line
     return out
+
+
+def _line_shape(line) -> bool:
+    """Whether a parsed line is one :func:`simulate_case` writes: a case id, and its prediction a table whose
+    peak is a positive number (a line of another shape is skipped, as an unreadable one is)."""
+    if not isinstance(line, dict) or not isinstance(line.get("case_id"), str):
+        return False
+    sim = line.get("simulated") or {}
+    if not isinstance(sim, dict):
+        return False
+    peak = sim.get("peak_bytes")
+    return peak is None or (isinstance(peak, (int, float)) and not isinstance(peak, bool)
+                            and math.isfinite(peak) and peak > 0)
 
 
 def beside_measurements(records: list[dict], simulated: dict[str, dict]) -> list[dict]:
