@@ -215,6 +215,21 @@ def dropout_label(ran, asked: str) -> str:
     return "dropout off" if asked in ("", "off") else f"dropout {asked}"
 
 
+def no_checkpointing(strategy) -> bool:
+    """A strategy name of no checkpointing: "none", or "none+bf16-mixed" and the like (the name carries
+    the point's setup after a "+": ranks, precision, loop, adapters, optimizer)."""
+    return str(strategy).split("+")[0] == "none"
+
+
+def setup_of(strategy) -> str:
+    """What a strategy name says beyond its checkpointing: "bf16-mixed+trainer+lora8" of
+    "full+offload+bf16-mixed+trainer+lora8", "ddp2" of "every-2+ddp2", "" of "full+offload".  A point is
+    set against no checkpointing only with this equal: LoRA's, an optimizer's or a loop's own saving is
+    not checkpointing's."""
+    parts = str(strategy).split("+")[1:]
+    return "+".join(p for p in parts if not (p.startswith("offload") or p.startswith("sac-")))
+
+
 def _strategy_name(every_n, offload) -> str:
     if _missing(every_n):
         return "?"

@@ -23,6 +23,7 @@ import pandas as pd
 from ..measure.interval import LEVEL, coverage_label
 from ..store.load import load_state
 from ..store.stats import ratio_ci
+from .columns import no_checkpointing, setup_of
 
 GIB = 2**30
 TIED_SHOWN = 4  # tied settings set against none, one by one; past this many, counted
@@ -103,19 +104,20 @@ def fmt_tok(c: Candidate) -> str:
     return f"{c.tok_s:,.0f} tokens/s [{c.low:,.0f}, {c.high:,.0f}] ({coverage_label(c.coverage)} interval)"
 
 
-def _no_checkpointing(strategy) -> bool:
-    """A strategy name of no checkpointing: "none", or "none+bf16-mixed" and the like (the name carries
-    the point's setup after a "+": precision, loop, adapters)."""
-    return str(strategy).split("+")[0] == "none"
+_no_checkpointing = no_checkpointing
 
 
 def against_none(row: dict, group: pd.DataFrame) -> str:
-    """Peak saving and step-time ratio of a point (a tidy row) against no checkpointing at its batch."""
+    """Peak saving and step-time ratio of a point (a tidy row) against no checkpointing at its batch and
+    setup (:func:`.columns.setup_of`: LoRA's or an optimizer's own saving is not checkpointing's)."""
     if _no_checkpointing(row.get("strategy")):
         return "is no checkpointing"
-    base = group[group["strategy"].map(_no_checkpointing).astype(bool) & (group["batch"] == row.get("batch"))]
+    setup = setup_of(row.get("strategy"))
+    base = group[group["strategy"].map(_no_checkpointing).astype(bool) & (group["batch"] == row.get("batch"))
+                 & (group["strategy"].map(setup_of) == setup)]
     if base.empty:
-        return f"no ok 'none' point at batch {row.get('batch', 0):.0f} to compare with"
+        return (f"no ok 'none{'+' + setup if setup else ''}' point at batch {row.get('batch', 0):.0f} "
+                "to compare with")
     b = base.iloc[0].to_dict()
     parts = []
     if _finite(row.get("peak")) and _finite(b.get("peak")) and b["peak"] > 0:

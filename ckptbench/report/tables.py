@@ -15,7 +15,7 @@ import pandas as pd
 from ..measure.interval import coverage_label
 from ..store.repeats import MIN_REPEATS_AS_UNIT
 from ..store.stats import ratio_cis
-from .columns import strategies
+from .columns import no_checkpointing, setup_of, strategies
 
 GIB = 2**30
 
@@ -76,7 +76,9 @@ def _range(values: list[float], fmt) -> str:
 
 
 def savings(t: pd.DataFrame) -> list[dict]:
-    """Each checkpointing strategy against 'none' at the same variant, batch and sequence length.
+    """Each checkpointing strategy against 'none' at the same variant, setup (the name's ranks, precision,
+    loop, adapters and optimizer: "full+bf16-mixed+lora8" against "none+bf16-mixed+lora8"), batch and
+    sequence length.
 
     Saving is 1 − strategy/none in percent (positive = less memory); cost is the step-time ratio ×.
     With several matched points the median is shown with the range; ``time_x_ci`` spans the matched points'
@@ -84,12 +86,13 @@ def savings(t: pd.DataFrame) -> list[dict]:
     coverage among them (at least the product of the two sides' coverages).
     """
     ok = t[t["ok"]]
-    key = ["variant", "batch", "seq"]
+    ok = ok.assign(setup=[setup_of(s) for s in ok["strategy"]])
+    key = ["variant", "setup", "batch", "seq"]
     cols = key + ["peak", "after_fwd", "step_s", "tok_s", "step_times", "repeat_medians"]
-    base = ok[ok["strategy"] == "none"].drop_duplicates(subset=key)[cols]
+    base = ok[ok["strategy"].map(no_checkpointing).astype(bool)].drop_duplicates(subset=key)[cols]
     rows = []
     for strat in strategies(ok):
-        if strat == "none":
+        if no_checkpointing(strat):
             continue
         m = ok.loc[ok["strategy"] == strat, cols].merge(base, on=key, how="inner", suffixes=("", "_b"))
         peak = _saving(m, "peak")

@@ -276,3 +276,39 @@ def test_environment_and_check_text_from_records_is_escaped(tmp_path):
     r["checks"][0].update(quantity="peak_phase", measured=label, estimated="optimizer", difference=label)
     html = open(render_report(str(write(tmp_path, [r])), str(tmp_path / "r.html"))).read()
     assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in html
+
+
+def _with_setup(r: dict, suffix: str) -> dict:
+    """A record renamed as the sweep names a point of another setup ("full" -> "full+bf16-mixed+lora8")."""
+    return {**r, "case_id": r["case_id"] + suffix, "strategy": r["strategy"] + "+" + suffix}
+
+
+def test_checkpointing_is_set_against_none_of_the_same_setup():
+    # full fine-tuning and LoRA (and a loop) in one run: LoRA's own saving must not be credited to checkpointing
+    plain = [record(every_n=0, peak=100 * MIB, step=0.010), record(every_n=1, peak=60 * MIB, step=0.015)]
+    lora = [_with_setup(record(every_n=0, peak=50 * MIB, step=0.010), "lora8"),
+            _with_setup(record(every_n=1, peak=30 * MIB, step=0.016), "lora8"),
+            _with_setup(record(every_n=1, offload=True, peak=30 * MIB, step=0.020), "lora8")]
+    trainer = [_with_setup(record(every_n=0, peak=100 * MIB, step=0.012), "trainer"),
+               _with_setup(record(every_n=1, peak=80 * MIB, step=0.018), "trainer")]
+    t = columns.tidy(to_frame(plain + lora + trainer))
+    rows = {r["strategy"]: r for r in tables.savings(t)}
+    assert set(rows) == {"full", "full+lora8", "full+offload+lora8", "full+trainer"}
+    assert rows["full"]["peak_saving"] == "40.0 %"
+    assert rows["full+lora8"]["peak_saving"] == "40.0 %"  # against none+lora8 (50 MiB), not none (100 MiB)
+    assert rows["full+offload+lora8"]["peak_saving"] == "40.0 %"
+    assert rows["full+trainer"]["peak_saving"] == "20.0 %"
+    assert rows["full+trainer"]["time_x"] == "1.50×"
+    low = {r["question"]: r for r in headline.headline(t, ())}["seq 64: lowest peak memory"]
+    assert low["answer"] in ("full+lora8", "full+offload+lora8")
+    assert low["against"].startswith("40.0 % less peak memory")
+    alone = columns.tidy(to_frame([plain[0], lora[1]]))
+    assert headline.against_none(alone[alone["strategy"] == "full+lora8"].iloc[0].to_dict(), alone) == \
+        "no ok 'none+lora8' point at batch 2 to compare with"
+
+
+def test_setup_of_strategy_names():
+    assert columns.setup_of("full") == "" and columns.setup_of("full+offload-streamed") == ""
+    assert columns.setup_of("every-2+sac-save-matmuls+offload") == ""
+    assert columns.setup_of("full+offload+bf16-mixed+trainer+lora8") == "bf16-mixed+trainer+lora8"
+    assert columns.setup_of("none+fsdp2") == "fsdp2" and columns.setup_of("compile-budget-0.5") == ""
