@@ -269,7 +269,7 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
     if len(shown) < len(rows):
         lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
                      "--json lists each)")
-    lines.append(f"recommended: {why_nothing or recommendation(options)}")
+    lines.append(f"recommended: {why_nothing or recommendation(options, a.device)}")
     lines.append(f"step time: each op of the traced step priced at {a.step_time_source}" if a.step_time_source
                  else "step time: none predicted (no setting fits)")
     lines.append("assumed: " + "; ".join(

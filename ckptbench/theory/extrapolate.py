@@ -360,6 +360,10 @@ class Simulated:
     def peak(self, case) -> int:
         return self._fit(case).peak(case.model.layers, case.checkpointed_layers, case.batch_size, case.seq_len)[0]
 
+    def peak_phase(self, case) -> str:
+        """The moment the peak is reached (forward, backward-layer-<i>, ..., optimizer)."""
+        return self._fit(case).peak(case.model.layers, case.checkpointed_layers, case.batch_size, case.seq_len)[1]
+
     def params_bytes(self, case) -> int:
         """Parameter bytes of the full-depth model (fitted on the depth like every other figure)."""
         return self.ex.batched[False].params(case.model.layers)

@@ -101,6 +101,10 @@ class Analytic:
     def offloaded(self, case: Case) -> int:
         return estimate_case(case).offloaded_bytes
 
+    def peak_phase(self, case: Case) -> str:
+        """The moment the peak is reached: forward, backward-layer-<i>, ..., optimizer."""
+        return estimate_case(case).peak_phase
+
     def params_bytes(self, case: Case) -> int:
         return estimate_case(case).params_bytes
 
@@ -283,8 +287,9 @@ def shown_rows(options: list[Option], count: int) -> list[Option]:
     return shown
 
 
-def recommendation(options: list[Option]) -> str:
-    """The fastest fitting option, the runner-up, and why the one beats the other."""
+def recommendation(options: list[Option], device: str = "cuda") -> str:
+    """The fastest fitting option, the runner-up, and why the one beats the other.  On a CPU offload copies
+    nothing (the host is the device), so it is never the reason a runner-up is slower."""
     fitting = [o for o in options if o.max_batch and o.tokens_per_s]
     if not fitting:
         return "nothing fits: not even batch 1 of any strategy at this sequence length"
@@ -297,8 +302,10 @@ def recommendation(options: list[Option]) -> str:
             why.append(f"it fits batch {second.max_batch} only")
         if second.recompute_flops_share > best.recompute_flops_share:
             why.append(f"it recomputes {second.recompute_flops_share:.0%} of its FLOPs")
-        if second.offload and not best.offload:
+        if second.offload and not best.offload and device == "cuda":
             why.append("its offload copies cost time")
+        elif second.offload and not best.offload and second.strategy.replace("+offload", "", 1) == best.strategy:
+            why.append(f"on a CPU offload copies nothing: {best.strategy}'s step and memory")
         if not why and second.max_batch > best.max_batch:
             why.append(f"batch {second.max_batch} fits, but its predicted step is slower per token")
         if not why and second.peak_bytes and best.peak_bytes:  # as fast: what tells them apart is memory
@@ -343,6 +350,16 @@ def nothing_fits(model, seq: int, a: Assumptions, predict, setup: Setup = Setup(
                          "gradients and state stay fp32)")
         return f"{head} do not fit before a single activation: {'; '.join(fixes)}"
     left = budget / (1 + a.reserved_margin) - state
+    phase = getattr(predict, "peak_phase", None)
+    if phase is not None and phase(case) == "optimizer":
+        # the step's largest moment is the optimizer's own temporaries: no sequence or offload lowers it
+        fixes = ["sharding the state (FSDP)", "LoRA adapters", "a lighter optimizer (SGD, Adafactor, 8-bit AdamW)"]
+        if a.device == "cuda" and setup.optimizer == "adamw":
+            fixes.insert(0, "AdamW's per-parameter loop (--optimizer adamw-loop: two copies of the largest tensor "
+                            "where torch's default on CUDA, foreach, holds a copy of every parameter)")
+        return (f"{head} leave {left / gib:.1f} GiB, and the optimizer step needs {(peak - state) / gib:.1f} GiB "
+                f"more (its temporaries: the peak is the optimizer step, after the activations are freed, so a "
+                f"shorter sequence or offload does not lower it): {'; '.join(fixes)}")
     return (f"{head} leave {left / gib:.1f} GiB, and the activations need {(peak - state) / gib:.1f} GiB: "
             "a shorter sequence, offload, or sharding the state (FSDP) to make room")
 
@@ -352,7 +369,7 @@ def to_dict(options: list[Option], a: Assumptions, seq: int | None = None, model
     return {"model": model, "seq_len": seq, "assumptions": asdict(a), "options": [asdict(o) for o in options],
             "rows": [asdict(o) for o in merged(options)],  # equivalent strategies as one row
             "recommendation": why_nothing if why_nothing and not any(o.max_batch for o in options)
-            else recommendation(options)}
+            else recommendation(options, a.device)}
 
 
 def datasheet_peak(device_name: str | None, dtype: str) -> float | None:

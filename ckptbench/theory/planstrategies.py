@@ -64,6 +64,9 @@ class PerStrategy:
     def peak(self, case) -> int:
         return self._for(case).peak(case)
 
+    def peak_phase(self, case) -> str:
+        return self._for(case).peak_phase(case)
+
     def offloaded(self, case) -> int:
         return self._for(case).offloaded(case)
 

@@ -109,3 +109,20 @@ def test_a_runner_up_as_fast_says_what_tells_it_apart():
     recomputes = Option("every-2", 2, False, 6, None, peak_bytes=60 * gib, step_s=1.8, tokens_per_s=900.0,
                         recompute_flops_share=0.1)
     assert recommendation([best, recomputes]).endswith("(it recomputes 10% of its FLOPs)")
+
+
+def test_on_a_cpu_offload_is_never_the_runner_up_s_cost():
+    """On a CPU the host is the device: offload copies nothing, so "its offload copies cost time" would be
+    false; the line says it is the same step.  On CUDA the copies are the reason."""
+    from ckptbench.theory.plan import Option, recommendation
+
+    gib = 2**30
+    best = Option("every-2", 2, False, 5, None, peak_bytes=gib // 12, step_s=0.169, tokens_per_s=3781.0,
+                  recompute_flops_share=0.1)
+    twin = Option("every-2+offload", 2, True, 5, None, peak_bytes=gib // 12, step_s=0.170, tokens_per_s=3773.0,
+                  recompute_flops_share=0.1)
+    on_cpu = recommendation([best, twin], "cpu")
+    assert "offload copies cost time" not in on_cpu
+    assert on_cpu.endswith("(on a CPU offload copies nothing: every-2's step and memory)")
+    assert recommendation([best, twin], "cuda").endswith("(its offload copies cost time)")
+    assert recommendation([best, twin]).endswith("(its offload copies cost time)")

@@ -115,3 +115,18 @@ def test_the_commands_default_to_bf16_mixed_and_say_why_the_simulation_answers()
                            "--seq", "64", "--dtype", "fp32", "--precision", "bf16-mixed"], capture_output=True,
                           text=True, timeout=300)
     assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
+
+
+def test_nothing_fits_names_the_optimizer_step_when_it_is_the_peak():
+    # pure bf16 Llama-8B, full AdamW on an 80 GB card: the state fits, but the foreach optimizer step's copy
+    # of every parameter does not, at 16 tokens as at 8192: "the activations need", "a shorter sequence"
+    # would send the user the wrong way; the per-parameter AdamW is what fits
+    spec = preset("llama-8b", dtype="bf16", attn="sdpa")
+    a, predict = _h100(79.19), planner.Analytic()
+    for seq in (16, 8192):
+        assert not any(o.max_batch for o in planner.plan(spec, seq, a, predict=predict))
+        why = planner.nothing_fits(spec, seq, a, predict)
+        assert "the activations need" not in why and "a shorter sequence," not in why
+        assert "the optimizer step needs" in why and "--optimizer adamw-loop" in why
+    loop = Setup(optimizer="adamw-loop")
+    assert any(o.max_batch for o in planner.plan(spec, 8192, a, predict=predict, setup=loop))
