@@ -22,8 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 
 from .answers import remembered
+from .regularfile import open_regular
 from .spec import FAMILIES, ModelSpec, canonical_config
-from .store.files import open_regular
 
 # ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension
 # under one of them (:func:`config_keys`); the others are aliases it does not know.

@@ -35,6 +35,7 @@ from .configs import (
 )
 from .corpus import CorpusError, check_available
 from .env import torchrun_path
+from .regularfile import open_regular
 from .spec import (
     ATTENTIONS,
     BYTE_VOCAB,
@@ -53,7 +54,6 @@ from .spec import (
     canonical_config,
     preset,
 )
-from .store.files import open_regular
 from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are this module's API too)
     AXES,
     AXIS_DEFAULTS,

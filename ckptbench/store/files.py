@@ -6,14 +6,13 @@ Torch-free, so the sweep's parent, the torchrun launcher and the workers all use
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import stat
 from collections.abc import Iterator
 from typing import TextIO
 
 from ..errors import StorageError
+from ..regularfile import open_regular  # noqa: F401  (re-exported: the stores read through it)
 
 
 @contextlib.contextmanager
@@ -61,25 +60,6 @@ def remove_quietly(path: str) -> None:
 
 def write_json_atomic(path: str, data: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-
-
-def open_regular(path: str, mode: str = "rb", **kwargs):
-    """``open(path, mode)`` for reading, refusing anything but a regular file (symlinks followed) with an
-    ``OSError`` that names `path`: a directory, a FIFO (whose open would wait for a writer) or a device
-    such as ``/dev/zero`` (endless) planted where a file of a run is read.  The FIFO is opened without
-    blocking, so the refusal never waits."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        kind = os.fstat(fd).st_mode
-        if not stat.S_ISREG(kind):
-            what = ("a directory" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind)
-                    else "a device" if stat.S_ISCHR(kind) or stat.S_ISBLK(kind) else "a socket or other special file")
-            raise OSError(errno.EISDIR if stat.S_ISDIR(kind) else errno.EINVAL, f"not a regular file ({what})", path)
-        os.set_blocking(fd, True)
-        return open(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def tail(path: str, chars: int) -> str:

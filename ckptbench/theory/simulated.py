@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from ..errors import UsageError
+from ..regularfile import open_regular
 from ..spec import Case, Recompute, Suite
-from ..store.files import open_regular
 
 SIMULATED = "simulated.jsonl"
 
