@@ -52,8 +52,10 @@ class RunStatus:
 
 def run_status(run_dir: str) -> RunStatus:
     path = os.path.join(run_dir, "suite.toml")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise UsageError(f"{run_dir}: no suite.toml here; status reads a results directory a sweep wrote")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: not a regular file; status reads a results directory a sweep wrote")
     suite = load_suite(path)
     loaded = load_records(run_dir, merged=False)
     recorded = loaded.records

@@ -34,6 +34,8 @@ MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s",
 MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
 # byte counts that are never below zero (a difference such as activations_after_forward_bytes may be)
 COUNTS = ("peak_bytes", "mem_after_forward_bytes", "params_bytes", "optimizer_bytes")
+# timings and rates that every ranking, comparison and chart divides or sorts by: finite and never below zero
+TIMINGS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "tokens_per_s", "timing_window_s")
 # bytes by name, not a number (a compiled point's allocator meter: its running sum at each mark)
 MEASURED_DICTS = ("allocator_at_marks_bytes",)
 
@@ -173,6 +175,8 @@ def _measurement_problem(m: dict) -> str | None:
             return f"measurement.{key} is {type(value).__name__}, not a number"
         if rule & _NUMBER and key.endswith("_bytes") and (not math.isfinite(value) or (value < 0 and key in COUNTS)):
             return f"measurement.{key} is {value!r}, not a byte count"
+        if rule & _NUMBER and key in TIMINGS and (not math.isfinite(value) or value < 0):
+            return f"measurement.{key} is {value!r}, not a time or a rate"
         if rule & _LIST and not isinstance(value, list):
             return f"measurement.{key} is {type(value).__name__}, not a list"
     for key in ("step_times_s", "repeat_medians_s"):

@@ -166,3 +166,24 @@ def test_impossible_byte_counts_are_not_records(run):
     loaded = load_records(run)
     assert loaded.records[0]["measurement"]["peak_bytes"] == 2**20
     assert loaded.skipped == 3 and all("not a byte count" in p for p in loaded.problems)
+
+
+def test_a_step_time_that_is_not_a_time_never_replaces_a_good_record(run):
+    good = load_records(run).records[0]
+    with open(os.path.join(run, "records.jsonl"), "a") as fh:
+        for key, value in (("step_time_median_s", float("nan")), ("step_time_median_s", -0.5),
+                           ("tokens_per_s", float("inf")), ("step_time_p90_s", float("nan"))):
+            fh.write(json.dumps({**good, "measurement": {**good["measurement"], key: value}}) + "\n")
+    loaded = load_records(run)
+    assert loaded.records == [good]
+    assert loaded.skipped == 4 and all("not a time or a rate" in p for p in loaded.problems)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_status_names_a_suite_toml_that_is_not_a_file(run, capsys, kind):
+    path = os.path.join(run, "suite.toml")
+    os.remove(path)
+    _plant(path, kind)
+    assert main(["status", run]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}: not a regular file; status reads a results directory a sweep wrote"]
