@@ -114,6 +114,9 @@ class _Checker:
             zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed", "lora_r")
             for v in values:
                 self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
+                if key == "seed" and v > 2**32 - 1:
+                    self.fail(f"sweep.{key}", f"must be at most {2**32 - 1:,} (what numpy's and the Trainer's "
+                              f"seeding accept), got {v!r}")
         return values
 
 

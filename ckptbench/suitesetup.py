@@ -23,6 +23,12 @@ def train_spec(ck: _Checker, table: dict, timeout_s: float = 300.0) -> TrainSpec
         ck.positive("train.lr", table["lr"])
     if "seed" in table:
         ck.positive("train.seed", table["seed"], allow_zero=True)
+    for key, limit, why in (("threads", 1024, "threads for one process"),
+                            ("seed", 2**32 - 1, "what numpy's and the Trainer's seeding accept"),
+                            ("warmup_steps", 100_000, "steps"), ("steps", 100_000, "steps"),
+                            ("memory_steps", 100_000, "steps"), ("max_steps", 100_000, "steps")):
+        if _is(table.get(key), int) and table[key] > limit:
+            ck.fail(f"train.{key}", f"must be at most {limit:,} ({why}), got {table[key]!r}")
     known = {f.name for f in fields(TrainSpec)}
     train = TrainSpec(**{k: v for k, v in table.items() if k in known})
     return replace(train, timing=_timing(ck, table, train.steps, timeout_s))

@@ -89,3 +89,16 @@ def test_the_quality_suite_is_300_steps_of_text_over_k_and_seeds():
     assert sorted({c.local_sgd_steps for c in s.cases}) == [0, 4, 16, 64]
     assert sorted({c.train.seed for c in s.cases}) == [0, 1, 2]
     assert {c.world_size for c in s.cases} == {2} and {c.data.source for c in s.cases} == {"stdlib"}
+
+
+@pytest.mark.parametrize("train, sweep, key, message", [
+    ("threads = 100000", SWEEP, "train.threads", "at most 1,024"),
+    ("seed = 4294967296", SWEEP, "train.seed", "at most 4,294,967,295"),
+    ("steps = 1000000", SWEEP, "train.steps", "at most 100,000"),
+    ("", SWEEP + "seed = [0, 4294967296]\n", "sweep.seed", "at most 4,294,967,295"),
+])
+def test_train_settings_no_run_could_use_name_the_key(train, sweep, key, message):
+    with pytest.raises(SuiteError) as exc:
+        parse_suite(MODEL + sweep + f"[train]\n{train}\n", "bad.toml")
+    assert exc.value.key == key and message in exc.value.reason
+    parse_suite(MODEL + SWEEP + "[train]\nthreads = 1024\nseed = 4294967295\n", "ok.toml")
