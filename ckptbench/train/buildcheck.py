@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..configs import error_line
-from ..spec import ModelSpec
+from ..spec import ModelSpec, canonical_config
 from .models import build_model
 
 
@@ -45,10 +45,30 @@ def build_problem_here(spec: ModelSpec, requested: list[str]) -> tuple[str, str]
         with torch.device("meta"):
             build_model(spec, "meta")
     except Exception as exc:
-        named = [k for k in requested if k in str(exc)]  # a [model] extra key the message names
+        named = [k for k in requested if k in str(exc)] or culprits(spec, requested)
         return f"extra.{named[0]}" if named else "", (
             f"transformers cannot build this {spec.family} model: {type(exc).__name__}: {error_line(exc)}"[:400])
     return None
+
+
+def culprits(spec: ModelSpec, requested: list[str]) -> list[str]:
+    """The [model] extra keys without which the model builds, one left out at a time: the key to name when
+    transformers' message names none (a string where a number goes fails deep in the model's code)."""
+    import torch
+
+    extra = json.loads(spec.config or "{}")
+    found = []
+    for key in requested:
+        if key not in extra:
+            continue
+        rest = {k: v for k, v in extra.items() if k != key}
+        try:
+            with torch.device("meta"):
+                build_model(dataclasses.replace(spec, config=canonical_config(rest)), "meta")
+        except Exception:  # noqa: BLE001  (still refused without it: not this key)
+            continue
+        found.append(key)
+    return found
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["build-check"]:

@@ -8,6 +8,7 @@ own names for its sizes).  Everything is built on the meta device at tiny sizes:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -242,6 +243,15 @@ def test_dry_run_refuses_in_one_line_what_the_build_would_refuse(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: {path}: model.extra.layer_types: transformers cannot build this qwen2 model"), line
+
+
+def test_an_extra_value_the_build_refuses_is_named_when_the_message_names_no_key():
+    spec = parse_suite('[model]\npreset = "llama-tiny"\n' + SWEEP, "x.toml").cases[0].model
+    bad = dataclasses.replace(spec, config=canonical_config({"rope_theta": "abc", "rms_norm_eps": 1e-5}))
+    key, reason = build_problem_here(bad, ["rms_norm_eps", "rope_theta"])
+    assert key == "extra.rope_theta" and "rope_theta" not in reason and reason.startswith("transformers cannot build")
+    assert build_problem_here(dataclasses.replace(spec, config=canonical_config({"rms_norm_eps": 1e-5})),
+                              ["rms_norm_eps"]) is None
 
 
 def _record_of(spec: ModelSpec, model) -> dict:
