@@ -29,8 +29,12 @@ TOLERANCE = 0.10
 
 
 def span(text: str) -> list[int]:
-    first, _, last = text.partition("-")
-    return list(range(int(first), int(last or first) + 1))
+    """Run numbers from "20-32" or "25-32,35,37" (ranges and single runs, comma-separated)."""
+    runs = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        runs += range(int(first), int(last or first) + 1)
+    return runs
 
 
 def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
