@@ -22,6 +22,25 @@ from ckptbench.spec import Case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "results", "reference-cpu")
+# one llama-tiny point of one step: the suite of a results directory that tests plant records and files in
+ONE_POINT_SUITE = """
+[suite]
+name = "one"
+
+[model]
+preset = "llama-tiny"
+attn = "eager"
+
+[train]
+warmup_steps = 1
+memory_steps = 1
+steps = 1
+
+[sweep]
+batch_size = [1]
+seq_len = [16]
+every_n_layers = [0]
+"""
 
 
 def _templates() -> list[str]:

@@ -11,8 +11,6 @@ Registered by :mod:`ckptbench.cli` with one call:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 
@@ -72,32 +70,12 @@ def cmd_gpu_summary(args) -> int:
     return 0
 
 
-RATES = ("h2d_bytes_per_s", "d2h_bytes_per_s", "matmul_flops_per_s")  # what the summary divides by
-
-
 def read_calibration_file(path: str) -> dict:
     """A run's ``calibration.json`` ({} when there is none); UsageError naming the file, and the key, when
     it is not one ``calibrate`` writes."""
-    from ..errors import UsageError
-    from ..store.files import open_regular
+    from ..run.calibration import read_calibration
 
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open_regular(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise UsageError(f"{path}: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: not a calibration (a JSON object), got {type(data).__name__}")
-    for key in RATES:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise UsageError(f"{path}: {key}: must be a positive number, got {value!r}")
-    return data
+    return read_calibration(path, verify=True, label="")
 
 
 def add_parsers(sub) -> None:

@@ -4,6 +4,7 @@ from the fork server, or in a child interpreter where there is none."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,18 +46,27 @@ def machine_rates(cases: list[Case], forked: bool = False) -> tuple[Rates | None
     return Rates.from_json(json.loads(proc.stdout)), ""
 
 
-def read_calibration(path: str | None, verify: bool = False) -> dict:
+RATES = ("h2d_bytes_per_s", "d2h_bytes_per_s", "matmul_flops_per_s")  # what plans and summaries divide by
+
+
+def read_calibration(path: str | None, verify: bool = False, label: str = "--calibration ") -> dict:
     """A `calibrate` / `plan --verify` JSON, or {} when none is given (or, with --verify, which writes it,
-    when it does not exist yet)."""
+    when it does not exist yet); UsageError naming `label` and the file, and the key, when it is not one
+    ``calibrate`` writes (a rate that is not a positive number)."""
     if not path or (verify and not os.path.exists(path)):
         return {}
     try:
         with open_regular(path, "r", encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
-        raise UsageError(f"--calibration {path}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--calibration {path}: not JSON: {exc}") from None
+        raise UsageError(f"{label}{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UsageError(f"{label}{path}: not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"--calibration {path}: not a calibration (a JSON object), got {type(data).__name__}")
+        raise UsageError(f"{label}{path}: not a calibration (a JSON object), got {type(data).__name__}")
+    for key in RATES:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise UsageError(f"{label}{path}: {key}: must be a positive number, got {value!r}")
     return data

@@ -11,25 +11,8 @@ import pytest
 from ckptbench.cli import main
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite import load_suite
+from tests.synthetic_run import ONE_POINT_SUITE as SUITE
 
-SUITE = """
-[suite]
-name = "one"
-
-[model]
-preset = "llama-tiny"
-attn = "eager"
-
-[train]
-warmup_steps = 1
-memory_steps = 1
-steps = 1
-
-[sweep]
-batch_size = [1]
-seq_len = [16]
-every_n_layers = [0]
-"""
 GIB = 2**30
 
 # Lines that parse as JSON and carry the good record's case id, each of a shape no sweep writes.

@@ -14,25 +14,7 @@ from ckptbench.cli import main
 from ckptbench.store.files import open_regular
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite import load_suite
-
-SUITE = """
-[suite]
-name = "one"
-
-[model]
-preset = "llama-tiny"
-attn = "eager"
-
-[train]
-warmup_steps = 1
-memory_steps = 1
-steps = 1
-
-[sweep]
-batch_size = [1]
-seq_len = [16]
-every_n_layers = [0]
-"""
+from tests.synthetic_run import ONE_POINT_SUITE as SUITE
 
 
 def _plant(path: str, kind: str) -> None:
