@@ -25,6 +25,7 @@ def test_negative_counts_are_argument_errors(flags, reason, capsys):
     (["--calibration", "{tmp}/missing.json"], "error: --calibration {tmp}/missing.json: cannot read: No such file or directory"),
     (["--calibration", "{tmp}/notes.txt"], "error: --calibration {tmp}/notes.txt: not JSON: Expecting value: line 1 column 1 (char 0)"),
     (["--calibration", "{tmp}/list.json"], "error: --calibration {tmp}/list.json: not a calibration (a JSON object), got list"),
+    (["--calibration", "{tmp}/nan.json"], "error: --calibration {tmp}/nan.json: h2d_bytes_per_s: must be a positive number, got nan"),
     (["--html", "{tmp}/no/such/dir/plan.html"], "error: --html {tmp}/no/such/dir/plan.html: no directory {tmp}/no/such/dir"),
     (["--html", "{tmp}"], "error: --html {tmp}: is a directory"),
     (["--model", 'org/name"\n[sweep]'], "is not a valid repository name"),
@@ -33,6 +34,7 @@ def test_negative_counts_are_argument_errors(flags, reason, capsys):
 def test_bad_values_are_one_line_exit_2(flags, reason, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("measured: fast\n")
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "nan.json").write_text('{"h2d_bytes_per_s": NaN}')
     argv = [*BASE, *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
     if flags[0] == "--model":
         argv[2] = flags[1]
