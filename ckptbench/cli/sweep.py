@@ -132,7 +132,7 @@ def _plan_file(path: str | None) -> str | None:
     if not path:
         return None
     from ..errors import UsageError
-    from ..store.files import open_regular
+    from ..regularfile import open_regular
 
     try:
         with open_regular(path, "r", encoding="utf-8") as fh:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ..store.files import open_regular, remove_quietly, write_text_atomic
+from ..regularfile import open_regular
+from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
 from . import (

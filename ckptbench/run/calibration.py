@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 from ..errors import UsageError
+from ..regularfile import open_regular
 from ..spec import Case
-from ..store.files import open_regular
 from ..theory.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120

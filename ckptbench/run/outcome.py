@@ -16,7 +16,8 @@ import re
 import sys
 import time
 
-from ..store.files import open_regular, tail, write_json_atomic
+from ..regularfile import open_regular
+from ..store.files import tail, write_json_atomic
 
 REASON_CHARS = 200  # of a failure's last line, as status prints it
 JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # Slurm's 4242_0, a local pid: never a path

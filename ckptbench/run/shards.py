@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from ..store.files import open_regular, write_json_atomic
+from ..regularfile import open_regular
+from ..store.files import write_json_atomic
 
 DIRECTORY_LOCK = ".sweeps.lock"
 LOCK_NAME = re.compile(r"^\.sweep-(\d+)-of-(\d+)\.lock$")

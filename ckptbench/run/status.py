@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
+from ..regularfile import open_regular
 from ..spec import Case
-from ..store.files import open_regular
 from ..store.records import load_records
 from ..suite import load_suite
 from .outcome import job_outcome

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from ..errors import StorageError
-from ..regularfile import open_regular  # noqa: F401  (re-exported: the stores read through it)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .files import open_regular
+from ..regularfile import open_regular
 from .jsonl import append_line
 from .significance import ALPHA, log_moments, upper_p, welch
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..measure.timing import nearest_rank
-from .files import open_regular
+from ..regularfile import open_regular
 from .records import RECORDS, latest_lines, load_records, merged_cases, no_cycle_collection
 from .repeats import time_samples
 

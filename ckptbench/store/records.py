@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ..errors import StorageError, UsageError
-from .files import open_regular
+from ..regularfile import open_regular
 from .jsonl import append_line
 from .repeats import merge_repeats, single_records
 from .timelines import store_timeline

@@ -27,7 +27,7 @@ import json
 import os
 
 from ..errors import StorageError
-from .files import open_regular
+from ..regularfile import open_regular
 from .jsonl import append_line
 
 TIMELINES = "timelines.jsonl"

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from ckptbench.cli import main
-from ckptbench.store.files import open_regular
+from ckptbench.regularfile import open_regular
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite import load_suite
 from tests.synthetic_run import ONE_POINT_SUITE as SUITE
