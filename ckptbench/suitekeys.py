@@ -28,6 +28,10 @@ MODEL_KEYS = {"preset": str, "family": str, "model_type": str, "config": str, "h
               "dtype": str, "precision": str, "attn": str, "label": str, "tie_embeddings": bool, "dropout": str,
               **dict.fromkeys(MODEL_DIMS, int)}
 MODEL_SOURCES = ("preset", "config", "hub", "model_type", "family")
+# train key -> (the largest value a run can use, why), checked by _Checker.at_most
+LIMITS = {"seed": (2**32 - 1, "what numpy's and the Trainer's seeding accept"),
+          "threads": (1024, "threads for one process"),
+          **dict.fromkeys(("warmup_steps", "steps", "memory_steps", "max_steps"), (100_000, "steps"))}
 TRAIN_KEYS = {"optimizer": str, "lr": (int, float), "warmup_steps": int, "steps": int,
               "memory_steps": int, "seed": int, "threads": int, "loop": str, "lora": dict,
               "sharding": str, "time_precision": (int, float), "max_steps": int, "max_time_s": (int, float)}
@@ -89,6 +93,11 @@ class _Checker:
             self.fail(key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
         return value
 
+    def at_most(self, key: str, value, limit: int, why: str):
+        if value > limit:
+            self.fail(key, f"must be at most {limit:,} ({why}), got {value!r}")
+        return value
+
     def axis(self, sweep: dict, key: str) -> list:
         if key not in sweep:
             if key in AXIS_DEFAULTS:
@@ -114,9 +123,8 @@ class _Checker:
             zero_ok = key in ("every_n_layers", "local_sgd_steps", "seed", "lora_r")
             for v in values:
                 self.positive(f"sweep.{key}", v, allow_zero=zero_ok)
-                if key == "seed" and v > 2**32 - 1:
-                    self.fail(f"sweep.{key}", f"must be at most {2**32 - 1:,} (what numpy's and the Trainer's "
-                              f"seeding accept), got {v!r}")
+                if key == "seed":
+                    self.at_most(f"sweep.{key}", v, *LIMITS["seed"])
         return values
 
 

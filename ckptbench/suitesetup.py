@@ -9,26 +9,18 @@ from dataclasses import fields, replace
 
 from .runsetup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
 from .spec import Timing, TrainSpec
-from .suitekeys import _Checker, _is, compute_dtype
+from .suitekeys import LIMITS, _Checker, _is, compute_dtype
 
 LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "targets": list, "quantize": str}
 
 
 def train_spec(ck: _Checker, table: dict, timeout_s: float = 300.0) -> TrainSpec:
     """The ``[train]`` settings every point shares; its setup keys are read by :func:`setups`."""
-    for key in ("warmup_steps", "steps", "memory_steps", "threads", "max_steps", "max_time_s"):
+    for key in ("warmup_steps", "steps", "memory_steps", "threads", "max_steps", "max_time_s", "lr", "seed"):
         if key in table:
-            ck.positive(f"train.{key}", table[key])
-    if "lr" in table:
-        ck.positive("train.lr", table["lr"])
-    if "seed" in table:
-        ck.positive("train.seed", table["seed"], allow_zero=True)
-    for key, limit, why in (("threads", 1024, "threads for one process"),
-                            ("seed", 2**32 - 1, "what numpy's and the Trainer's seeding accept"),
-                            ("warmup_steps", 100_000, "steps"), ("steps", 100_000, "steps"),
-                            ("memory_steps", 100_000, "steps"), ("max_steps", 100_000, "steps")):
-        if _is(table.get(key), int) and table[key] > limit:
-            ck.fail(f"train.{key}", f"must be at most {limit:,} ({why}), got {table[key]!r}")
+            ck.positive(f"train.{key}", table[key], allow_zero=key == "seed")
+            if key in LIMITS:
+                ck.at_most(f"train.{key}", table[key], *LIMITS[key])
     known = {f.name for f in fields(TrainSpec)}
     train = TrainSpec(**{k: v for k, v in table.items() if k in known})
     return replace(train, timing=_timing(ck, table, train.steps, timeout_s))
