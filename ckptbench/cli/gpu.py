@@ -55,27 +55,20 @@ def cmd_simulate_suite(args) -> int:
 
 def cmd_gpu_summary(args) -> int:
     from ..report.gpu_summary import format_summary, summarise
+    from ..run.calibration import read_calibration
+    from ..theory.simulated import load_simulated
     from .report import require_records
 
     loaded = require_records(args.run, "summarise")
     for problem in loaded.problems:
         print(f"warning: {problem}", file=sys.stderr)
-    calibration = read_calibration_file(os.path.join(args.run, CALIBRATION))
-    from ..theory.simulated import load_simulated
-
+    # the run's calibration.json, {} when there is none (as for --verify, which writes it)
+    calibration = read_calibration(os.path.join(args.run, CALIBRATION), verify=True, label="")
     summary = summarise(loaded.records, calibration, load_simulated(args.run))
     if os.path.isdir(args.run):
         write_json_atomic(os.path.join(args.run, SUMMARY), summary)
     print("\n".join(format_summary(summary)))
     return 0
-
-
-def read_calibration_file(path: str) -> dict:
-    """A run's ``calibration.json`` ({} when there is none); UsageError naming the file, and the key, when
-    it is not one ``calibrate`` writes."""
-    from ..run.calibration import read_calibration
-
-    return read_calibration(path, verify=True, label="")
 
 
 def add_parsers(sub) -> None:
