@@ -24,6 +24,7 @@ from ckptbench.run.submit import (
 )
 from ckptbench.run.sweep import SweepOptions
 from ckptbench.suite import SuiteError, load_suite, parse_suite
+from tests.synthetic_run import ONE_POINT_SUITE
 
 SUITE = """
 [suite]
@@ -121,23 +122,7 @@ def test_setup_lines_do_not_run_under_the_local_launcher(tmp_path):
     assert not marker.exists()
 
 
-ONE_POINT = """
-[suite]
-name = "one"
-
-[model]
-preset = "llama-tiny"
-attn = "eager"
-
-[train]
-warmup_steps = 1
-memory_steps = 1
-steps = 1
-
-[sweep]
-batch_size = [1]
-seq_len = [16]
-
+ONE_POINT = ONE_POINT_SUITE + """
 [slurm]
 setup = ["{touch} {marker}", "{touch} {marker}-too"]
 """
