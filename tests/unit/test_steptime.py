@@ -112,6 +112,22 @@ def test_the_step_time_is_a_prediction_never_a_verdict(measured, predicted, expe
     assert verdict([check], {}) == "unchecked"
 
 
+def test_the_step_check_names_faults_the_replay_did_not_make_without_pricing_them():
+    # gpt2-tiny full 16 x 128 on an AMD EPYC (results/reference-step-time-accuracy/run-39): its timed
+    # steps faulted 0 to 13,731 times, the replay of its allocations not at all
+    model = {"predicted_s": 0.1, "source": "op rates", "fault_price_s": 2.2e-6, "heap_faults_replayed": 0.0}
+    m = {"step_time_median_s": 0.125, "step_time_model": model, "step_minor_faults": [0, 6000, 6354, 13731, 9000]}
+    check = step_time_check(m)
+    assert check.estimated == 0.1 and check.verdict == "off"  # the prediction is untouched
+    assert ("a median of 6,354 page faults, 6,354 beyond the replay of their allocations: 0.140 of the "
+            "prediction at 2.20 us a fault") in check.difference
+    replayed = {**m, "step_time_model": {**model, "heap_faults_replayed": 6000.0}}  # 354 left: 0.8 %
+    assert "page faults" not in step_time_check(replayed).difference
+    for missing in ("fault_price_s", "heap_faults_replayed"):  # a GPU record, or one without rounds
+        bare = {**m, "step_time_model": {k: v for k, v in model.items() if k != missing}}
+        assert "page faults" not in step_time_check(bare).difference
+
+
 def test_the_rate_cache_merges_what_parallel_workers_measured(tmp_path):
     from ckptbench.run.ratecache import RateCache
 
