@@ -14,7 +14,9 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
+import sys
 import time
 
 from ..store.files import write_json_atomic
@@ -53,16 +55,66 @@ def _locked(path: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _seconds(x, positive: bool = False) -> bool:
+    """A measured figure: a finite number, never negative (positive where a zero would divide)."""
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and (x > 0 if positive else x >= 0))
+
+
+def _stamped(value, positive: bool = False) -> bool:
+    """``[figure, "when"]``, as :meth:`RateCache.add` writes an entry or a figure."""
+    return (isinstance(value, list) and len(value) == 2 and _seconds(value[0], positive)
+            and isinstance(value[1], str))
+
+
+FRAMEWORK_NUMBERS = ("step_s", "kernel_s", "clean_per_op_s", "scrub_bytes")
+
+
+def _probed(value) -> bool:
+    """A framework figure as :func:`ckptbench.run.steptime.framework_time` keeps it: its time per op, when,
+    and (where present) its other figures as numbers, its rounds as a list of them, its probe as text."""
+    return (isinstance(value, dict) and _seconds(value.get("per_op_s")) and isinstance(value.get("at"), str)
+            and all(_seconds(value[k]) for k in FRAMEWORK_NUMBERS if k in value)
+            and (isinstance(value.get("rounds_per_op_s", []), list)
+                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                         for x in value.get("rounds_per_op_s", [])))
+            and isinstance(value.get("probe", ""), str))
+
+
+PARTS = {"entries": _stamped, "figures": lambda v: _stamped(v, positive=True), "framework": _probed}
+_warned: set[str] = set()
+
+
 def _read(path: str, machine: dict) -> dict:
+    """The file's measurements for `machine`: none where it is unreadable, of another format or another
+    machine's; within it, every entry, figure or framework figure that is not as this module writes it (a
+    number that is negative, NaN or text, a part that is not a mapping) is left out, so it is measured again,
+    and said once on stderr.  A rate prices every plan and prediction made from it, so the file is read as
+    any file in a results folder is: as possibly damaged or hostile."""
     empty = {"format": FORMAT, "machine": machine, "entries": {}, "framework": {}, "figures": {}}
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return empty
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("machine") != machine:
         return empty
-    return {**empty, **data}
+    dropped = []
+    for part, valid in PARTS.items():
+        found = data.get(part, {})
+        if not isinstance(found, dict):
+            dropped.append(f"{part} (not a mapping)")
+            continue
+        good = {k: v for k, v in found.items() if valid(v)}
+        if len(good) < len(found):
+            bad = sorted(set(found) - set(good))
+            dropped.append(f"{len(bad)} of {part} (e.g. {bad[0][:60]!r}: {str(found[bad[0]])[:40]})")
+        empty[part] = good
+    if dropped and path not in _warned:
+        _warned.add(path)
+        print(f"{path}: {'; '.join(dropped)} not well-formed (a measured figure is a finite number, never "
+              "negative): left out and measured again", file=sys.stderr)
+    return empty
 
 
 class RateCache:

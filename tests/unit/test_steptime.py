@@ -143,6 +143,41 @@ def test_the_rate_cache_merges_what_parallel_workers_measured(tmp_path):
     assert json.loads(open(again.path).read())["machine"] == machine
 
 
+def test_a_damaged_or_hostile_rate_file_prices_nothing_it_holds_badly(tmp_path, capsys):
+    """A rate file is read as any file in a results folder: a negative, NaN or textual figure (which priced
+    a plan at -562 tokens/s, or raised a traceback) is left out, said once, measured again, and the next
+    write leaves the file clean; what is well-formed beside it is kept."""
+    from ckptbench.run.ratecache import RateCache, cache_path
+
+    machine = {"device": "cpu", "device_name": "test", "torch": "0", "threads": 1}
+    path = cache_path(str(tmp_path), machine)
+    with open(path, "w") as fh:  # NaN is what json writes for float("nan")
+        fh.write(json.dumps({"format": 1, "machine": machine,
+                             "entries": {"good": [2e-6, "t"], "neg": [-1.0, "t"], "nan": [float("nan"), "t"],
+                                         "text": "x", "bool": [True, "t"], "short": [1e-6]},
+                             "figures": {"dispatch_s": [1e-6, "t"], "bandwidth_bytes_per_s": [0, "t"],
+                                         "inplace_bytes_per_s": ["fast", "t"]},
+                             "framework": {"ok": {"per_op_s": 3e-6, "at": "t", "rounds_per_op_s": [-1e-7, 4e-6]},
+                                           "neg": {"per_op_s": -1e-3, "at": "t"}, "text": {"per_op_s": "x"},
+                                           "rounds": {"per_op_s": 3e-6, "at": "t", "rounds_per_op_s": "abc"}}}))
+    cache = RateCache(str(tmp_path), machine)
+    assert cache.data["entries"] == {"good": [2e-6, "t"]}
+    assert cache.figure("dispatch_s") == 1e-6 and cache.figure("bandwidth_bytes_per_s") is None
+    assert cache.figure("inplace_bytes_per_s") is None and set(cache.data["framework"]) == {"ok"}
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and path in err and "5 of entries" in err and "2 of figures" in err
+    assert "3 of framework" in err and "measured again" in err
+    RateCache(str(tmp_path), machine)  # read again in the same process: said once
+    assert capsys.readouterr().err == ""
+    cache.add({"new": 1e-6})
+    on_disk = json.loads(open(path).read())
+    assert set(on_disk["entries"]) == {"good", "new"} and set(on_disk["figures"]) == {"dispatch_s"}
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"format": 1, "machine": machine, "entries": [], "figures": 3}))
+    broken = RateCache(str(tmp_path), machine)  # parts that are not mappings: nothing from them, no traceback
+    assert broken.entry("good") is None and broken.figure("dispatch_s") is None
+
+
 def test_an_op_is_timed_from_its_signature_and_an_unreplayable_one_says_why():
     import torch
 
