@@ -59,11 +59,19 @@ def load_readings(path: str) -> list[dict]:
     return out
 
 
+# what a timing of a calibration kernel can be: eight matmuls under a microsecond would be petaflops on a
+# CPU's 512 × 512, and one over an hour is not a timing; a line beyond these is damaged or planted, and its
+# value is left out (an infinite one had compare divide the new run's times by inf, 1e308 overflowed)
+READING_BOUNDS_S = (1e-6, 3600.0)
+
+
 def _times(reading: dict) -> list[float]:
     times = reading.get("times_s")
     if not isinstance(times, list):
         return []
-    return [float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0]
+    low, high = READING_BOUNDS_S
+    return [float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)
+            and math.isfinite(t) and low <= t <= high]
 
 
 def _key(reading: dict) -> tuple:
@@ -110,8 +118,13 @@ def _unknown(old: list[dict], new: list[dict]) -> str:
     for side, readings in (("old", old), ("new", new)):
         if not any(_times(r) for r in readings):
             errors = [r["error"] for r in readings if isinstance(r.get("error"), str)]
-            return (f"the {side} run's calibration failed ({errors[-1]})" if errors else
-                    f"no calibration reading in the {side} run (a run from before readings were taken)")
+            if errors:
+                return f"the {side} run's calibration failed ({errors[-1]})"
+            if any(isinstance(r.get("times_s"), list) and r["times_s"] for r in readings):
+                low, high = READING_BOUNDS_S
+                return (f"the {side} run's calibration readings hold no timing (a finite number of seconds "
+                        f"from {low:g} to {high:g}): damaged or not written by a sweep")
+            return f"no calibration reading in the {side} run (a run from before readings were taken)"
     o = max({_key(r) for r in old if _times(r)}, key=str)
     n = max({_key(r) for r in new if _times(r)}, key=str)
     diff = [f"{k} {a} -> {b}" for k, a, b in zip(KEY_FIELDS, o, n) if a != b]

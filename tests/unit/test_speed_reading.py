@@ -53,6 +53,22 @@ def test_an_unwritable_directory_costs_a_note_not_the_sweep(tmp_path, monkeypatc
     assert len(notes) == 1 and notes[0].startswith("calibration reading at the end not written: ")
 
 
+def test_readings_that_are_not_timings_never_correct_a_run():
+    """Values a damaged or planted line can hold: infinity had compare divide the new run's times by inf
+    and call every point improved, 1e308 overflowed into a traceback.  They are left out, and a side with
+    nothing else says why."""
+    old = [{"kernel": "k", "times_s": [0.030, 0.031, 0.029]}] * 4
+    fine = [{"kernel": "k", "times_s": [0.030, 0.031, 0.030]}] * 4
+    for bad in ([float("inf")] * 3, [1e308] * 3, [1e-300] * 3, [float("nan")] * 3, [-0.03] * 3, ["0.03"] * 3):
+        speed = machine_speed(old, [{"kernel": "k", "times_s": bad}] * 4)
+        assert speed.state == "unknown" and speed.ratio is None, bad
+        assert speed.why.startswith("the new run's calibration readings hold no timing"), bad
+        mixed = machine_speed(old, [{"kernel": "k", "times_s": [0.030, 0.031] + bad[:1]}] * 4)
+        assert mixed.ratio == machine_speed(old, [{"kernel": "k", "times_s": [0.030, 0.031]}] * 4).ratio
+    assert machine_speed(old, fine).state == "within noise"
+    assert machine_speed(old, [{"kernel": "k"}] * 4).why.startswith("no calibration reading in the new run")
+
+
 def test_a_torn_last_line_is_skipped(tmp_path):
     (tmp_path / READINGS).write_text('{"times_s": [0.03], "at": "start"}\n{"times_s": [0.0')
     assert load_readings(str(tmp_path)) == [{"times_s": [0.03], "at": "start"}]
