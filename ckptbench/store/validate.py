@@ -36,6 +36,10 @@ MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losse
 COUNTS = ("peak_bytes", "mem_after_forward_bytes", "params_bytes", "optimizer_bytes")
 # timings and rates that every ranking, comparison and chart divides or sorts by: finite and never below zero
 TIMINGS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "tokens_per_s", "timing_window_s")
+# a step's seconds beyond this are no step a sweep timed (its timing caps are seconds to minutes): a damaged
+# or planted value, which overflows the statistics and charts that square or divide it (1e308 did)
+MAX_STEP_S = 1e6
+STEP_SECONDS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s", "timing_window_s")
 # bytes by name, not a number (a compiled point's allocator meter: its running sum at each mark)
 MEASURED_DICTS = ("allocator_at_marks_bytes",)
 
@@ -177,12 +181,16 @@ def _measurement_problem(m: dict) -> str | None:
             return f"measurement.{key} is {value!r}, not a byte count"
         if rule & _NUMBER and key in TIMINGS and (not math.isfinite(value) or value < 0):
             return f"measurement.{key} is {value!r}, not a time or a rate"
+        if rule & _NUMBER and key in STEP_SECONDS and value > MAX_STEP_S:
+            return f"measurement.{key} is {value!r}, over {MAX_STEP_S:g} s: not a step's time"
         if rule & _LIST and not isinstance(value, list):
             return f"measurement.{key} is {type(value).__name__}, not a list"
     for key in ("step_times_s", "repeat_medians_s"):
         values = m.get(key)
         if values and not _finite_numbers(values):
             return f"measurement.{key} holds something other than finite numbers"
+        if values and max(values) > MAX_STEP_S:
+            return f"measurement.{key} holds {max(values)!r}, over {MAX_STEP_S:g} s: not a step's time"
     return None
 
 

@@ -150,6 +150,29 @@ def test_step_time_lists_are_finite_numbers_whatever_path_decides():
         assert not _finite_numbers(bad), bad
 
 
+def test_a_step_time_no_sweep_could_have_timed_is_a_bad_line(tmp_path):
+    """1e308 s is a finite number, and compare then called a step that had taken 24 ms "new (was 0)" while
+    the charts overflowed: over MAX_STEP_S a step's seconds are a damaged or planted value, the line is
+    skipped and named, and the run's other lines are read."""
+    from ckptbench.store.validate import MAX_STEP_S
+
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    good = _good(case)
+    lines = [good]
+    for key, value in (("step_time_median_s", 1e308), ("timing_window_s", MAX_STEP_S * 2),
+                       ("step_times_s", [0.01, 1e308]), ("repeat_medians_s", [MAX_STEP_S + 1])):
+        lines.append({**good, "measurement": {**good["measurement"], key: value}})
+    lines.append({**good, "measurement": {**good["measurement"], "step_times_s": [MAX_STEP_S, 0.01]}})
+    store = RecordStore(str(tmp_path))
+    for record in lines:
+        store.append(record)
+    loaded = load_records(str(tmp_path))
+    assert loaded.skipped == 4  # the one exactly at the bound is a record: the point's latest
+    assert [r["measurement"]["step_times_s"] for r in loaded.records] == [[MAX_STEP_S, 0.01]]
+    assert "measurement.step_time_median_s is 1e+308, over 1e+06 s: not a step's time" in loaded.problems[0]
+    assert "measurement.step_times_s holds 1e+308, over 1e+06 s" in loaded.problems[2]
+
+
 def test_lines_the_fast_parser_refuses_read_as_the_json_module_reads_them(tmp_path):
     """NaN and Infinity are JSON the json module writes and reads; a line that holds them reads the same as
     before (and is then judged by its shape); an integer past 64 bits reads as the float nearest it (orjson's
