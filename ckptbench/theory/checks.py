@@ -315,9 +315,12 @@ def unreplayed_faults(m: dict, predicted: float) -> str:
     explanation beside the check, never part of the prediction: the counts are the timed steps' own.  ""
     when they are under :data:`UNREPLAYED_SHARE` of the prediction or a figure is missing."""
     model = m.get("step_time_model") or {}
-    counts = [n for n in m.get("step_minor_faults") or [] if isinstance(n, (int, float))]
+    def figure(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    counts = [n for n in m.get("step_minor_faults") or [] if figure(n)]
     price, replayed = model.get("fault_price_s"), model.get("heap_faults_replayed")
-    if not counts or not price or replayed is None:
+    if not counts or not figure(price) or not price or not figure(replayed):
         return ""
     beyond = statistics.median(counts) - replayed
     if beyond * price < UNREPLAYED_SHARE * predicted:

@@ -126,6 +126,12 @@ def test_the_step_check_names_faults_the_replay_did_not_make_without_pricing_the
     for missing in ("fault_price_s", "heap_faults_replayed"):  # a GPU record, or one without rounds
         bare = {**m, "step_time_model": {k: v for k, v in model.items() if k != missing}}
         assert "page faults" not in step_time_check(bare).difference
+    for key, bad in (("fault_price_s", "2.2e-6"), ("fault_price_s", float("nan")), ("heap_faults_replayed", True),
+                     ("heap_faults_replayed", float("inf"))):  # what no round measures: no note, no traceback
+        odd = {**m, "step_time_model": {**model, key: bad}}
+        assert "page faults" not in step_time_check(odd).difference
+    nan_counts = {**m, "step_minor_faults": [float("nan"), 6354, True, "7000"]}
+    assert "a median of 6,354 page faults" in step_time_check(nan_counts).difference
 
 
 def test_the_rate_cache_merges_what_parallel_workers_measured(tmp_path):
