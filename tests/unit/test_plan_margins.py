@@ -27,9 +27,24 @@ def test_the_worst_measured_point_replaces_the_defaults():
     records = [_record("a", 10 * GIB, 11 * GIB, 500 * 2**20), _record("b", 20 * GIB, 21 * GIB, 520 * 2**20),
                _record("c", 5 * GIB, 9 * GIB, None, status="oom"),  # a failed point says nothing
                _record("d", 5 * GIB, 9 * GIB, None, device="cpu")]
-    margin, context, used = measured_margins(records)
-    assert margin == pytest.approx(0.1) and context == 520 * 2**20 and used == 2
-    assert measured_margins([]) == (None, None, 0)
+    margin, context, used, rejected = measured_margins(records)
+    assert margin == pytest.approx(0.1) and context == 520 * 2**20 and used == 2 and rejected == 0
+    assert measured_margins([]) == (None, None, 0, 0)
+
+
+def test_figures_no_card_measured_are_left_out_and_counted():
+    """A run's folder may hold anything: a reserve below the allocation (-1 GB had Llama-8B fit an H100 at
+    batch 65,536), a context of 1e30 bytes, text (TypeError), 1e300 (OverflowError)."""
+    good = _record("g", 10 * GIB, 11 * GIB, 500 * 2**20)
+    bad = [_record("n", 10 * GIB, -GIB, None), _record("h", 1e-300, 1e300, None), _record("s", 10 * GIB, 11 * GIB, "big"),
+           _record("x", 10 * GIB, 11 * GIB, 1e30), _record("b", 10 * GIB, 11 * GIB, True),
+           _record("r", 10 * GIB, 9 * GIB, None), _record("f", float("nan"), 11 * GIB, None)]
+    margin, context, used, rejected = measured_margins([good, *bad])
+    assert margin == pytest.approx(0.1) and context == 500 * 2**20 and rejected == len(bad)
+    assert measured_margins(bad)[:2] == (None, None)
+    # a negative context is the meters' reading order, skipped as before; zeros say nothing: neither is counted
+    quiet = [_record("q", 10 * GIB, 11 * GIB, -2**20), _record("z", 0, 0, None)]
+    assert measured_margins(quiet) == (pytest.approx(0.1), None, 1, 0)
 
 
 @pytest.mark.slow
