@@ -160,17 +160,17 @@ def _check_html(path: str | None) -> None:
 def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
     """Replace the CUDA margins in `a` by those a CUDA run's records measured."""
     from ..store.records import load_records
-    from ..theory import plan as planner
+    from ..theory.margins import MAX_DEVICE_BYTES, measured_margins
 
     loaded = load_records(run_dir)
     for note in loaded.notes():
         if "no records file" not in note:
             print(f"warning: {note}", file=sys.stderr)
-    margin, context, used, rejected = planner.measured_margins(loaded.records)
+    margin, context, used, rejected = measured_margins(loaded.records)
     if rejected:
         print(f"warning: {run_dir}: {rejected} ok CUDA record{'s' * (rejected > 1)} whose allocator or context "
               f"figures are not byte counts a card measured (not finite, negative, over "
-              f"{planner.MAX_DEVICE_BYTES:.3g} B, or reserved below allocated): left out", file=sys.stderr)
+              f"{MAX_DEVICE_BYTES:.3g} B, or reserved below allocated): left out", file=sys.stderr)
     if margin is None and context is None:
         raise UsageError(f"{run_dir}: no ok CUDA record with allocator or NVML figures to measure the margins from")
     if margin is not None:

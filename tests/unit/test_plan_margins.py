@@ -9,7 +9,8 @@ import pytest
 
 from ckptbench.spec import Case, TrainSpec, preset
 from ckptbench.store.records import RecordStore
-from ckptbench.theory.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN, measured_margins
+from ckptbench.theory.margins import measured_margins
+from ckptbench.theory.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN
 
 GIB = 2**30
 
