@@ -15,11 +15,11 @@ checkpointing at the same batch: its peak saving and its step-time ratio, with t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..finite import finite_number
 from ..measure.interval import LEVEL, coverage_label
 from ..store.load import load_state
 from ..store.stats import ratio_ci
@@ -63,12 +63,12 @@ class Answer:
 def candidate(row: dict, name: str) -> Candidate | None:
     """The Candidate of a tidy row, or None when it has no throughput."""
     tok, step = row.get("tok_s"), row.get("step_s")
-    if not _finite(tok) or tok <= 0:
+    if not finite_number(tok) or tok <= 0:
         return None
     lo, hi, cov = row.get("step_ci_lo"), row.get("step_ci_hi"), row.get("step_ci_cov")
-    if _finite(step) and _finite(lo) and _finite(hi) and lo > 0:
+    if finite_number(step) and finite_number(lo) and finite_number(hi) and lo > 0:
         tokens = tok * step  # tokens per step
-        return Candidate(name, tok, tokens / hi, tokens / lo, cov if _finite(cov) else None, row)
+        return Candidate(name, tok, tokens / hi, tokens / lo, cov if finite_number(cov) else None, row)
     return Candidate(name, tok, None, None, None, row)
 
 
@@ -84,10 +84,6 @@ def fastest(candidates: list[Candidate], left_out=lambda c: False) -> Answer:
         return Answer("only", best, [best], excluded)
     tied = [best] + [c for c in pool[1:] if not (best.has_interval and c.has_interval and c.high < best.low)]
     return Answer("winner" if len(tied) == 1 else "tied", best, tied, excluded)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _samples(row: dict) -> list:
@@ -120,10 +116,10 @@ def against_none(row: dict, group: pd.DataFrame) -> str:
                 "to compare with")
     b = base.iloc[0].to_dict()
     parts = []
-    if _finite(row.get("peak")) and _finite(b.get("peak")) and b["peak"] > 0:
+    if finite_number(row.get("peak")) and finite_number(b.get("peak")) and b["peak"] > 0:
         saved = (1 - row["peak"] / b["peak"]) * 100
         parts.append(f"{abs(saved):.1f} % {'less' if saved >= 0 else 'more'} peak memory")
-    if _finite(row.get("step_s")) and _finite(b.get("step_s")) and b["step_s"] > 0:
+    if finite_number(row.get("step_s")) and finite_number(b.get("step_s")) and b["step_s"] > 0:
         ci = ratio_ci(_samples(row), _samples(b))
         interval = (f" [{ci.low:.2f}×, {ci.high:.2f}×] (≥ {coverage_label(ci.coverage)} interval)" if ci else "")
         parts.append(f"step time {row['step_s'] / b['step_s']:.2f}×{interval}")
@@ -168,13 +164,13 @@ def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[di
         many_batches = group["batch"].nunique() > 1
         where = f"seq {seq:.0f}" + (f" · {variant}" if many_variants else "")
         records = [every[i] for i in at]
-        peaks = [r for r in records if _finite(r.get("peak"))]
+        peaks = [r for r in records if finite_number(r.get("peak"))]
         if peaks:
             low = min(peaks, key=lambda r: r["peak"])
             rows.append({"question": f"{where}: lowest peak memory", "answer": short_name(low, many_batches),
                          "value": _bytes(low["peak"]), "against": against_none(low, group)})
         for label, limit in budgets:
-            within = [r for r in records if limit is None or (_finite(r.get("peak")) and r["peak"] <= limit)]
+            within = [r for r in records if limit is None or (finite_number(r.get("peak")) and r["peak"] <= limit)]
             cands = [c for c in (candidate(r, short_name(r, many_batches)) for r in within) if c is not None]
             answer, value, against = describe(fastest(cands, lambda c: flags.get(c.row.get("case_id"), False)), group)
             rows.append({"question": f"{where}: fastest{label}", "answer": answer, "value": value, "against": against})
@@ -240,8 +236,7 @@ def load_note(t: pd.DataFrame) -> dict | None:
 
     def width(rows):
         w = [(r["step_ci_hi"] - r["step_ci_lo"]) / r["step_s"] for r in rows
-             if _finite(r.get("step_ci_lo")) and _finite(r.get("step_ci_hi")) and _finite(r.get("step_s"))
-             and r["step_s"] > 0]
+             if all(finite_number(r.get(k)) for k in ("step_ci_lo", "step_ci_hi", "step_s")) and r["step_s"] > 0]
         return sorted(w)[len(w) // 2] if w else None
 
     loaded = [r for r, s in known if s["loaded"]]

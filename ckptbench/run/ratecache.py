@@ -14,11 +14,11 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import math
 import os
 import sys
 import time
 
+from ..finite import finite_number
 from ..store.files import write_json_atomic
 
 FORMAT = 1
@@ -57,8 +57,7 @@ def _locked(path: str):
 
 def _seconds(x, positive: bool = False) -> bool:
     """A measured figure: a finite number, never negative (positive where a zero would divide)."""
-    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and (x > 0 if positive else x >= 0))
+    return finite_number(x) and (x > 0 if positive else x >= 0)
 
 
 def _stamped(value, positive: bool = False) -> bool:
@@ -75,9 +74,8 @@ def _probed(value) -> bool:
     and (where present) its other figures as numbers, its rounds as a list of them, its probe as text."""
     return (isinstance(value, dict) and _seconds(value.get("per_op_s")) and isinstance(value.get("at"), str)
             and all(_seconds(value[k]) for k in FRAMEWORK_NUMBERS if k in value)
-            and (isinstance(value.get("rounds_per_op_s", []), list)
-                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                         for x in value.get("rounds_per_op_s", [])))
+            and isinstance(value.get("rounds_per_op_s", []), list)
+            and all(map(finite_number, value.get("rounds_per_op_s", [])))
             and isinstance(value.get("probe", ""), str))
 
 

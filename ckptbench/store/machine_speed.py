@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..finite import finite_number
 from ..regularfile import open_regular
 from .jsonl import append_line
 from .significance import ALPHA, log_moments, upper_p, welch
@@ -70,8 +71,7 @@ def _times(reading: dict) -> list[float]:
     if not isinstance(times, list):
         return []
     low, high = READING_BOUNDS_S
-    return [float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)
-            and math.isfinite(t) and low <= t <= high]
+    return [float(t) for t in times if finite_number(t) and low <= t <= high]
 
 
 def _key(reading: dict) -> tuple:

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from ..configs import DIM_ALIASES
+from ..finite import finite_number
 from ..spec import DTYPES, Case
 from . import flops
 from .comm import comm_estimate
@@ -315,17 +316,15 @@ def unreplayed_faults(m: dict, predicted: float) -> str:
     explanation beside the check, never part of the prediction: the counts are the timed steps' own.  ""
     when they are under :data:`UNREPLAYED_SHARE` of the prediction or a figure is missing."""
     model = m.get("step_time_model") or {}
-    def figure(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-
-    counts = [n for n in m.get("step_minor_faults") or [] if figure(n)]
+    counts = [n for n in m.get("step_minor_faults") or [] if finite_number(n) and n >= 0]
     price, replayed = model.get("fault_price_s"), model.get("heap_faults_replayed")
-    if not counts or not figure(price) or not price or not figure(replayed):
+    if not counts or not finite_number(price) or price <= 0 or not finite_number(replayed) or replayed < 0:
         return ""
-    beyond = statistics.median(counts) - replayed
+    median = statistics.median(counts)
+    beyond = median - replayed
     if beyond * price < UNREPLAYED_SHARE * predicted:
         return ""
-    return (f"; the timed steps took a median of {statistics.median(counts):,.0f} page faults, {beyond:,.0f} beyond "
+    return (f"; the timed steps took a median of {median:,.0f} page faults, {beyond:,.0f} beyond "
             f"the replay of their allocations: {beyond * price / predicted:.3f} of the prediction at "
             f"{price * 1e6:.2f} us a fault, which it leaves out (glibc trimming its heap)")
 

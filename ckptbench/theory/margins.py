@@ -3,13 +3,13 @@ the CUDA context, from that run's records (``plan --from-run``), read as any fil
 
 from __future__ import annotations
 
-import math
+from ..finite import finite_number
 
 MAX_DEVICE_BYTES = 2**50  # a PiB: beyond any card's memory, so a figure over it is not one a card measured
 
 
 def _device_bytes(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= MAX_DEVICE_BYTES
+    return finite_number(x) and 0 <= x <= MAX_DEVICE_BYTES
 
 
 def measured_margins(records: list[dict]) -> tuple[float | None, int | None, int, int]:
@@ -40,7 +40,7 @@ def measured_margins(records: list[dict]) -> tuple[float | None, int | None, int
                 bad = True
         if context is not None and not _device_bytes(context):
             # a negative difference is the meters' reading order, skipped as before; anything else is not
-            bad = bad or not (isinstance(context, (int, float)) and _device_bytes(-context))
+            bad = bad or not (finite_number(context) and -MAX_DEVICE_BYTES <= context < 0)
             context = None
         if bad:  # one figure no card measured: none of the record's is planned with
             rejected += 1

@@ -22,6 +22,7 @@ MAX_LINES = 400
 RANKS = {
     "__init__": 0, "errors": 0, "spec": 0, "env": 0,  # what a point is
     "regularfile": 0,  # opening a file a run reads, refusing directories, FIFOs and devices
+    "finite": 0,  # the one test of a figure read back from a file: a finite int or float, never a bool
     "answers": 0.25,  # what transformers answered about a model, kept on disk by question and versions
     "configs": 0.5,  # a user's config.json, hub name or model_type to ModelSpec values
     "corpus": 0.5,  # the text a point learns from: stdlib, a file, a datasets cache entry, as bytes
