@@ -41,17 +41,28 @@ def start_fork_server() -> None:
     point's first worker, with no call here) the server is not armed, and exits the slower way, when its
     pipe to the sweep closes.
     """
+    ensure_server(armed=threading.current_thread() is threading.main_thread())
+
+
+def ensure_server(armed: bool = False) -> None:
+    """Start the fork server if it is not running; `armed`: to die with this process (main thread only).
+    Started here, it has the workers' malloc log preloaded (:mod:`ckptbench.measure.malloclog`: built once
+    per source; nothing is preloaded without a C compiler, or where ``LD_PRELOAD`` is set already), and so
+    has every worker it forks."""
     from multiprocessing import forkserver
 
+    from ..measure.malloclog import build, preload_env
+
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    os.environ[SERVER_PARENT_VAR] = str(os.getpid())
+    added = {SERVER_PARENT_VAR: str(os.getpid())} if armed else {}
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None and "LD_PRELOAD" not in os.environ:
+        preload_env(added, build()[0])
+    os.environ.update(added)
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.pop(SERVER_PARENT_VAR, None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _by_name(module: str, name: str, args: tuple):
@@ -81,6 +92,7 @@ def forked_call(module: str, name: str, args: tuple, timeout_s: float, label: st
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_call_main, args=(module, name, args, send), name=label)
     try:
+        ensure_server()
         proc.start()
     except (OSError, EOFError, ValueError) as exc:  # the fork server is gone: no answer, said so
         receive.close()
@@ -129,6 +141,7 @@ class IsolatedRunner:
             case.to_dict(), result_path, log_path, t_submit, fault, timeout_s, where, memory_cap)),
             name=f"ckptbench-{case.id}")
         self.current = proc
+        ensure_server()
         proc.start()
         if self.cancelled:  # stopped from another thread while this one was starting the worker
             proc.kill()

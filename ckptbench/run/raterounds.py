@@ -70,6 +70,8 @@ class RateRounds:
         self.entries: list[dict] | None = None  # the memory step's op trace, once it has run
         self.per_key: dict[str, list[tuple[float, float, int]]] = {}  # (seconds, faults per call, round)
         self.sequence: list[int] | None = None  # the memory step's allocations, for the heap-fault replay
+        self.malloc_log = None  # every malloc of the first timed step (measure/malloclog.py), where preloaded
+        self._logging = False
         self.replays: list[tuple[int, float]] = []  # each round's replay first in it: faults, their seconds
         self.repriced: list[tuple[int, float]] = []  # each round's replay at its end: faults, their seconds
         self.prices: list[float | None] = []  # seconds per minor fault, one per round (None: none reported)
@@ -78,12 +80,18 @@ class RateRounds:
 
     def use(self, trace: list[dict] | None, sequence: list[int] | None = None) -> None:
         """The ops to time: the memory step's trace (None: no rounds), and its allocator events' bytes in
-        order (`sequence`: replayed in every round, for its page faults and their price).  Only on a CPU:
+        order (`sequence`: replayed in every round, for its page faults and their price).  Where the fork
+        server preloaded the malloc log (:class:`~ckptbench.measure.malloclog.MallocLog`), the first timed
+        step's every malloc is replayed instead (:meth:`before_step`).  Only on a CPU:
         on CUDA a round's tensors would stay in the caching allocator's reserve, which the record measures,
         and emptying it would slow the next step; a dedicated card's speed does not move as a shared CPU's
         does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
         self.sequence = sequence if self.entries is not None else None
+        if self.entries is not None:
+            from ..measure.malloclog import MallocLog
+
+            self.malloc_log = MallocLog.loaded()
         if self.entries is not None and self._buffers is None:
             # made now, before the timed steps: buffers just written sit in the last-level cache (480 MiB on
             # this project's VM), and a first round's copy on them read 12 GB/s where the long points' other
@@ -124,7 +132,11 @@ class RateRounds:
         from .probethread import ProbeThread
 
         t0 = time.perf_counter()
-        if self.sequence is not None:  # first, for the count: glibc's heap as the step left it
+        # first, for the count: glibc's heap as the step left it
+        if self._logged():
+            faults, _, seconds = self.malloc_log.replay(clock(self.device))
+            self.replays.append((faults, seconds))
+        elif self.sequence is not None:
             self.replays.append(replay_priced(self.sequence, clock(self.device)))
         self._bandwidth()  # before the ops: the copy leaves the caches cold, and the ops' warm-up calls warm them
         if self.probe is None and self.case is not None:
@@ -135,11 +147,39 @@ class RateRounds:
         for key, seconds in measure_entries(self.entries, self.device, trials=1, faults=faults).items():
             self.per_key.setdefault(key, []).append((seconds, faults.get(key, 0.0), self.rounds))
         # last, for the price: the step's freed memory unused as long as the next step finds it
-        if self.sequence is not None:
+        if self._logged():
+            self.repriced.append(self.malloc_log.replay(clock(self.device))[1:])  # its page-sized blocks' faults
+        elif self.sequence is not None:
             self.repriced.append(replay_priced(self.sequence, clock(self.device)))
         self.prices.append(fault_price(clock(self.device)))
         self.rounds += 1
         self.spent_s += time.perf_counter() - t0
+
+    def before_step(self) -> None:
+        """A timed step begins (its timer not yet running): the first one's mallocs are logged."""
+        self._logging = self.malloc_log is not None and not self.malloc_log.events and not self.rounds
+        if self._logging:
+            self.malloc_log.start()
+
+    def after_step(self) -> None:
+        """A timed step has ended (its timer stopped)."""
+        if self._logging:
+            self.malloc_log.stop()
+            self._logging = False
+
+    def _logged(self) -> bool:
+        return self.malloc_log is not None and self.malloc_log.events > 0
+
+    def replay_source(self) -> str | None:
+        """What the rounds replayed for the step's heap faults (None: nothing)."""
+        log = self.malloc_log
+        if self._logged():
+            dropped = f", {log.dropped:,} beyond the log's capacity left out" if log.dropped else ""
+            return f"every malloc and free of the first timed step ({log.events:,} calls{dropped})"
+        if self.sequence is not None:
+            return (f"the memory step's tensor allocations ({sum(b > 0 for b in self.sequence):,}; "
+                    "no malloc log in this worker)")
+        return None
 
     def _bandwidth(self) -> None:
         """The copy bandwidth and the in-place rate (a memory-bound op's floor), as the ops are timed, at this
@@ -187,6 +227,7 @@ class RateRounds:
                 "rounds": self.rounds, "seconds": self.spent_s, "probe": probe,
                 "bandwidths": list(self.bandwidths),  # each round's copy bandwidth
                 "heap_faults_rounds": [f for f, _ in self.replays],  # each round's first replay's faults
+                "heap_replay": self.replay_source(),
                 # each round's last replay: what a fault cost there (None: it took none)
                 "heap_fault_prices": [s / f if f else None for f, s in self.repriced],
                 "figures": {"bandwidth_bytes_per_s": statistics.median(self.bandwidths) if self.bandwidths else None,

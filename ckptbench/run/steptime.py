@@ -304,7 +304,7 @@ def predict(case: Case, directory: str | None = None, threads: int | None = None
             "trace": "the memory step's ops" if trace is not None else "fake-tensor trace", "trace_s": traced,
             "rates_s": how["rates_s"], "rates_file": cache.path, "measured_at": how["stamps"],
             "rate_rounds": rounds.get("rounds", 0), "rate_rounds_s": rounds.get("seconds", 0.0),
-            "heap_faults_replayed": rounds.get("heap_faults"),
+            "heap_faults_replayed": rounds.get("heap_faults"), "heap_replay": rounds.get("heap_replay"),
             "heap_faults_rounds": rounds.get("heap_faults_rounds") or [],
             "heap_fault_prices_s": rounds.get("heap_fault_prices") or [], "fault_price_s": rounds.get("fault_s"),
             "heap_fault_price_s": rates.fault_s if rounds.get("heap_faults") is not None else None,

@@ -105,6 +105,7 @@ class StepSchedule:
         if kind != "memory":
             self.steps.before_step()
         if kind == "timed":
+            self.rounds.before_step()  # the first timed step's mallocs logged, outside its timer
             self.timer.start()
             self._t_step = time.perf_counter()
             if self._t_timed is None:
@@ -119,6 +120,7 @@ class StepSchedule:
             if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
                 time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
             self.timer.stop()
+            self.rounds.after_step()
         if kind == "memory":
             self.mem = self.marks.result()
             self.rounds.use(self.mem.get("op_trace"), self.marks.allocations())

@@ -13,12 +13,17 @@ import pytest
 import torch
 
 from ckptbench.errors import UsageError
+from ckptbench.measure.malloclog import build
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.suite import load_suite
 
 pytestmark = pytest.mark.e2e
+
+# what a worker's rate rounds replay for the step's heap faults (measure/malloclog.py)
+REPLAYED = ("every malloc and free of the first timed step" if build()[0] and "LD_PRELOAD" not in os.environ
+            else "the memory step's tensor allocations")
 
 SIX = """
 [suite]
@@ -107,6 +112,9 @@ def test_resume_skips_finished_cases(tmp_path, write_suite):
         # priced beside the ops; each timed step's faults counted, one per step, for the comparison
         assert model["heap_faults_replayed"] >= model["heap_faults"] >= 0 and model["fault_price_s"] > 0, model
         assert model["heap_fault_price_s"] > 0, model  # the replay's own price: its faulting blocks timed
+        # the workers have the malloc log preloaded where it builds: every malloc of the first timed step
+        # is what the rounds replay; otherwise the memory step's tensor allocations
+        assert model["heap_replay"].startswith(REPLAYED), model["heap_replay"]
         # each round's count (its first replay), price (its last) and copy bandwidth, kept in the record
         assert len(model["heap_faults_rounds"]) == len(model["heap_fault_prices_s"]) == model["rate_rounds"], model
         assert model["heap_faults_replayed"] == statistics.median(model["heap_faults_rounds"]), model

@@ -253,7 +253,7 @@ def test_rate_rounds_time_every_replayable_op_between_steps_within_their_share()
     assert empty.result() == {"per_call_s": {}, "faults_per_call": {}, "faults_apart": False,
                               "heap_faults": None, "heap_fault_s": None, "fault_s": None,
                               "rounds": 0, "seconds": 0.0, "probe": None, "probe_error": None,
-                              "bandwidths": [], "heap_faults_rounds": [], "heap_fault_prices": [],
+                              "bandwidths": [], "heap_faults_rounds": [], "heap_fault_prices": [], "heap_replay": None,
                               "figures": {"bandwidth_bytes_per_s": None, "inplace_bytes_per_s": None}}
     assert empty._buffers is None  # no trace, no rounds: no copy's buffers made either
 
