@@ -35,7 +35,7 @@ enum { MALLOC = 1, FREE, REALLOC, MEMALIGN };
 typedef struct { uint64_t kind, size, ptr, old; } event_t;
 
 #define CAPACITY (1u << 23) /* events a log holds: 8 M, 256 MiB reserved, touched only as used */
-#define PREFAULT (16u << 20)  /* bytes of it written when it is mapped: 512 K events */
+#define PREFAULT (2u << 20)   /* bytes of it written when it is mapped: 64 K events, more than a step's */
 static event_t *log_;
 static volatile int on;
 static uint64_t n;

@@ -19,7 +19,8 @@ step runs under torch's profiler, whose own calls are ten times the step's and c
 a list of calls, nothing timed; keeping it costs that step a store per call.
 
 The library is built here with the machine's C compiler into a cache (``$XDG_CACHE_HOME/ckptbench`` or
-``~/.cache/ckptbench``), keyed by its source.  Without a compiler or glibc, with ``LD_PRELOAD`` already set
+``~/.cache/ckptbench``), keyed by its source and compiler; one that this user does not own, or that others
+could write, is never loaded (a private temporary folder is built in instead).  Without a compiler or glibc, with ``LD_PRELOAD`` already set
 (another allocator: preloading ours would bypass it) or with ``CKPTBENCH_MALLOC_LOG=0``, nothing is
 preloaded and the rounds replay the tensors alone (:func:`.heapfaults.replay_priced`); the record says
 which (``heap_replay``).
@@ -35,6 +36,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 SOURCE = pathlib.Path(__file__).with_name("malloc_log.c")
@@ -60,10 +62,13 @@ def build(directory: pathlib.Path | None = None) -> tuple[str | None, str]:
     key = hashlib.sha256(source + cc.encode()).hexdigest()[:12]
     directory = directory or cache_dir()
     target = directory / f"malloc_log-{key}.so"
-    if target.is_file():
+    if target.is_file() and _private(target) and _private(directory):
         return str(target), ""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(directory):  # a library others could have put there is never preloaded
+            directory = pathlib.Path(tempfile.mkdtemp(prefix="ckptbench-malloc-log-"))
+            target = directory / target.name
         partial = directory / f".malloc_log-{key}-{os.getpid()}.so"
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE)],
                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -71,10 +76,20 @@ def build(directory: pathlib.Path | None = None) -> tuple[str | None, str]:
             partial.unlink(missing_ok=True)
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             return None, f"{cc} could not build the malloc log: {last}"
+        partial.chmod(0o755)  # whatever the umask: writable by this user alone
         os.replace(partial, target)  # whole or absent: a sweep beside this one never preloads half a file
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the malloc log could not be built in {directory}: {e}"
     return str(target), ""
+
+
+def _private(path: pathlib.Path) -> bool:
+    """Owned by this user and writable by no one else: what may be loaded into every worker."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def preload_env(env: dict, library: str | None) -> str:

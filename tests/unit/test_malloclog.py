@@ -86,3 +86,19 @@ def test_a_preloaded_child_logs_its_calls_and_the_replay_faults_on_every_page_of
     for faults, priced, seconds in out["replays"]:
         assert 3 * pages <= faults <= 3 * pages + 64, out
         assert 3 * pages <= priced <= faults and seconds > 0, out
+
+
+def test_a_library_or_folder_others_could_write_is_never_loaded(library, tmp_path):
+    """A cached library in a folder anyone may write to could be anyone's: built afresh in a private
+    folder instead, and one that others may write to is rebuilt."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    path, why = build(shared)
+    assert why == "" and path is not None and not path.startswith(str(shared))
+    assert malloclog._private(pathlib.Path(path)) and malloclog._private(pathlib.Path(path).parent)
+    mine = tmp_path / "mine"
+    first, _ = build(mine)
+    os.chmod(first, 0o666)  # writable by others: not trusted, built again over it
+    again, _ = build(mine)
+    assert again == first and malloclog._private(pathlib.Path(again))
