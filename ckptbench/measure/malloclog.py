@@ -18,8 +18,8 @@ step runs under torch's profiler, whose own calls are ten times the step's and c
 (gpt2-tiny full 16 × 128: its log replayed took a median of 0 faults, against 5,568 a step).  The log is
 a list of calls, nothing timed; keeping it costs that step a store per call.
 
-The library is built here with the machine's C compiler into a cache (``$XDG_CACHE_HOME/ckptbench`` or
-``~/.cache/ckptbench``), keyed by its source and compiler; one that this user does not own, or that others
+The library is built here with the machine's C compiler into a cache (:func:`cache_dir`: beside the kept
+answers of :mod:`ckptbench.answers`), keyed by its source and compiler; one that this user does not own, or that others
 could write, is never loaded (a private temporary folder is built in instead).  Without a compiler or glibc, with ``LD_PRELOAD`` already set
 (another allocator: preloading ours would bypass it) or with ``CKPTBENCH_MALLOC_LOG=0``, nothing is
 preloaded and the rounds replay the tensors alone (:func:`.heapfaults.replay_priced`); the record says
@@ -45,8 +45,15 @@ BUILD_TIMEOUT_S = 120
 
 
 def cache_dir() -> pathlib.Path:
+    """``$CKPTBENCH_CACHE_DIR/malloc-log`` (a private temporary folder where that is off), else
+    ``$XDG_CACHE_HOME/ckptbench/malloc-log`` (``~/.cache`` by default)."""
+    value = os.environ.get("CKPTBENCH_CACHE_DIR")
+    if value is not None:
+        if value.strip().lower() in ("", "off", "0", "no"):
+            return pathlib.Path(tempfile.mkdtemp(prefix="ckptbench-malloc-log-"))
+        return pathlib.Path(value) / "malloc-log"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "ckptbench"
+    return pathlib.Path(base) / "ckptbench" / "malloc-log"
 
 
 def build(directory: pathlib.Path | None = None) -> tuple[str | None, str]:
