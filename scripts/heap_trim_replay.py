@@ -39,12 +39,10 @@ def preload() -> None:
 
 
 def main() -> None:
+    from gridstep import add_step_arguments
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("preset")
-    p.add_argument("layers", type=int)
-    p.add_argument("batch", type=int)
-    p.add_argument("seq", type=int)
-    p.add_argument("every_n", type=int)
+    add_step_arguments(p)
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--profiled", action="store_true",
                    help="log each round's step under torch's profiler, as the sweep's memory step runs")
@@ -55,26 +53,12 @@ def main() -> None:
     if log is None:
         preload()
 
-    import torch
+    from gridstep import grid_step
 
     from ckptbench.measure.allocator import AllocatorMeter
     from ckptbench.measure.heapfaults import minor_faults, replay_priced
-    from ckptbench.spec import preset
-    from ckptbench.train.checkpointing import enable_checkpointing
-    from ckptbench.train.models import build_model, synthetic_batch
 
-    torch.set_num_threads(1)
-    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
-    model = build_model(spec)
-    enable_checkpointing(model, args.every_n, False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = synthetic_batch(spec.vocab, args.batch, args.seq, 0)
-
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    _, step = grid_step(args.preset, args.layers, args.batch, args.seq, args.every_n)
     for _ in range(3):
         step()
     meter = AllocatorMeter()

@@ -19,16 +19,15 @@ import time
 
 
 def main() -> None:
+    from gridstep import add_step_arguments
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("preset")
-    p.add_argument("layers", type=int)
-    p.add_argument("batch", type=int)
-    p.add_argument("seq", type=int)
-    p.add_argument("every_n", type=int)
+    add_step_arguments(p)
     p.add_argument("--rates-dir", default="/tmp/ckptbench-op-prices")
     args = p.parse_args()
 
     import torch
+    from gridstep import grid_step
     from torch.profiler import ProfilerActivity, profile
 
     from ckptbench.run.ratecache import RateCache, machine_facts
@@ -36,8 +35,6 @@ def main() -> None:
     from ckptbench.spec import Case, TrainSpec, preset
     from ckptbench.theory.optrace import trace_case
     from ckptbench.theory.steptime import entry_seconds, step_cost
-    from ckptbench.train.checkpointing import enable_checkpointing
-    from ckptbench.train.models import build_model, synthetic_batch
 
     torch.set_num_threads(1)
     spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
@@ -52,16 +49,7 @@ def main() -> None:
         op = "aten::" + op.split(".")[1] if op.startswith("aten.") else op
         priced[op] += sum(e["counts"].values()) * entry_seconds(e, rates)[0]
 
-    model = build_model(spec)
-    enable_checkpointing(model, args.every_n, False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = synthetic_batch(spec.vocab, args.batch, args.seq, 0)
-
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    _, step = grid_step(args.preset, args.layers, args.batch, args.seq, args.every_n)
     step()
     times = []
     for _ in range(3):
