@@ -88,7 +88,7 @@ def main() -> None:
         tensor, _ = replay_priced(meter.sequence)
         step()
         t0 = time.thread_time()
-        faults, _ = log.replay(time.thread_time)
+        faults, _, _ = log.replay(time.thread_time)
         took = time.thread_time() - t0
         rows.append((stepped, tensor, faults))
         print(f"{r:5d} {stepped:9d} {tensor:14d} {faults:14d} {log.events:7d} {took:9.4f}", flush=True)
