@@ -8,7 +8,9 @@ zeroed).  A gpt2-tiny step of 16 × 2048 tokens took ~640,000 such faults, 1.6 s
 ops' timings did not contain.
 
 Which allocations fault depends on glibc's whole history of the step, so it is not modelled: it is
-*replayed*.  :func:`replay_priced` makes the step's allocations and frees (the allocator meter's
+*replayed*.  Where the workers have it preloaded, :mod:`.malloclog` replays the step's every malloc (the
+tensors are a tenth of them, and the rest decide where glibc's heap trims); this module's replay of the
+tensors alone is what a worker without it gets.  :func:`replay_priced` makes the step's allocations and frees (the allocator meter's
 events, in order, each a size: :class:`.allocator.AllocatorMeter`) through torch's own CPU allocator,
 writes one byte of every page of each new block (the op that made it writes all of it), frees each block
 where the step freed one of its size, and counts the minor faults (``getrusage``); it also times the

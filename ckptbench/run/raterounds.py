@@ -20,8 +20,10 @@ two that the share admits (a round costs one to two of its steps).  One round mi
 by 20 % (llama-small 16 × 2048: 8.5 s of kernels priced in its one round, 6.8–8.0 s in other runs, against
 steps 40 % faster than those runs').  Spread, not bunched after the first steps: a 1.7 s step times a dozen
 steps, and three rounds after its first three priced it at the slower speed those steps ran at (+15.5 %,
-its later steps 20 % faster).  Every round also replays the memory step's allocations twice for their page
-faults (:func:`ckptbench.measure.heapfaults.replay_priced`) and times the blocks that faulted: first, for how
+its later steps 20 % faster).  Every round also replays the step's allocations twice for their page faults
+(where the workers have the malloc log preloaded, :mod:`ckptbench.measure.malloclog`, every malloc and free
+of the first timed step; else the memory step's tensor allocations,
+:func:`ckptbench.measure.heapfaults.replay_priced`) and times the blocks that faulted: first, for how
 many faults, before anything else in the round allocates, glibc's heap as the step left it (after the ops'
 timings it counted 14-24 % more than llama-small 16 × 2048's steps took, right after the step 0.9-1.15 of
 them); last, after the ops' timings, for what a fault costs, the step's freed memory then as long unused as
