@@ -34,13 +34,17 @@ ENV = "CKPTBENCH_CACHE_DIR"
 MAX_BYTES = 1 << 20  # an answer is a few hundred bytes; anything larger is not one of ours
 
 
-def cache_dir() -> str | None:
-    """Where answers are kept, or None when keeping is off."""
+def cache_dir(kind: str = "answers") -> str | None:
+    """Where ckptbench keeps `kind` (answers; the workers' malloc log, :mod:`.measure.malloclog`), or None
+    when keeping is off: ``$CKPTBENCH_CACHE_DIR`` itself for answers and ``$CKPTBENCH_CACHE_DIR/<kind>``
+    for the rest, else ``$XDG_CACHE_HOME/ckptbench/<kind>``."""
     value = os.environ.get(ENV)
     if value is not None:
-        return None if value.strip().lower() in ("", "off", "0", "no") else value
+        if value.strip().lower() in ("", "off", "0", "no"):
+            return None
+        return value if kind == "answers" else os.path.join(value, kind)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ckptbench", "answers")
+    return os.path.join(base, "ckptbench", kind)
 
 
 def _version(dist: str) -> str:

@@ -9,7 +9,7 @@ rest.  Replayed alone the tensors take no fault on steps that take thousands (gp
 a median of 0 against 5,568 a step; replaying every malloc: 5,968; ``scripts/heap_trim_replay.py``).
 
 So the workers run with ``malloc_log.c`` preloaded (``LD_PRELOAD``): it forwards every call to glibc's
-own entry points and, while the memory step runs, logs each one (the kind, size, pointer).  The rate
+own entry points and, while the point's first timed step runs, logs each one (the kind, size, pointer).  The rate
 rounds between the timed steps replay the log (:meth:`MallocLog.replay`): each call made again in order,
 each free on the block made for the one the step freed, one byte of every page written; the faults it
 takes are the step's heap faults, and the blocks of a page or more that faulted give a fault's price (as
@@ -39,21 +39,18 @@ import sys
 import tempfile
 import time
 
+from ..answers import cache_dir as answers_cache_dir
+
 SOURCE = pathlib.Path(__file__).with_name("malloc_log.c")
 OFF_VAR = "CKPTBENCH_MALLOC_LOG"  # "0": never preload it
 BUILD_TIMEOUT_S = 120
 
 
 def cache_dir() -> pathlib.Path:
-    """``$CKPTBENCH_CACHE_DIR/malloc-log`` (a private temporary folder where that is off), else
-    ``$XDG_CACHE_HOME/ckptbench/malloc-log`` (``~/.cache`` by default)."""
-    value = os.environ.get("CKPTBENCH_CACHE_DIR")
-    if value is not None:
-        if value.strip().lower() in ("", "off", "0", "no"):
-            return pathlib.Path(tempfile.mkdtemp(prefix="ckptbench-malloc-log-"))
-        return pathlib.Path(value) / "malloc-log"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "ckptbench" / "malloc-log"
+    """``$CKPTBENCH_CACHE_DIR/malloc-log`` or ``$XDG_CACHE_HOME/ckptbench/malloc-log``
+    (:func:`ckptbench.answers.cache_dir`); a private temporary folder where keeping is off."""
+    kept = answers_cache_dir("malloc-log")
+    return pathlib.Path(kept) if kept else pathlib.Path(tempfile.mkdtemp(prefix="ckptbench-malloc-log-"))
 
 
 def build(directory: pathlib.Path | None = None) -> tuple[str | None, str]:

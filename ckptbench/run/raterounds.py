@@ -47,6 +47,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from ..measure.malloclog import MallocLog
+
 SHARE = 0.5  # the rounds' time, at most, as a share of the timed steps' time (after the first round)
 # rounds a point gets beyond its share, spread over the steps it is expected to time (see the module's text)
 FIRST_ROUNDS = 3
@@ -90,10 +92,7 @@ class RateRounds:
         does."""
         self.entries = [e for e in trace if e["kind"] != "view"] if trace and self.device == "cpu" else None
         self.sequence = sequence if self.entries is not None else None
-        if self.entries is not None:
-            from ..measure.malloclog import MallocLog
-
-            self.malloc_log = MallocLog.loaded()
+        self.malloc_log = MallocLog.loaded() if self.entries is not None else None
         if self.entries is not None and self._buffers is None:
             # made now, before the timed steps: buffers just written sit in the last-level cache (480 MiB on
             # this project's VM), and a first round's copy on them read 12 GB/s where the long points' other

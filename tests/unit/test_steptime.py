@@ -305,3 +305,42 @@ def test_a_prediction_prices_the_step_s_faults_at_the_replay_s_price_and_a_fresh
     fresh = predict(case, str(tmp_path), rounds={**rounds, "heap_fault_s": None})
     assert fresh["fault_s"] == pytest.approx(2e-3) and fresh["heap_fault_price_s"] == 2e-6
     assert predict(case, str(tmp_path), rounds={})["heap_fault_price_s"] is None  # no replay, no price
+
+
+def test_with_a_malloc_log_the_rounds_count_and_price_the_step_faults_from_its_replay_alone():
+    """Where the worker has the malloc log, the first timed step (and only it) is logged; each round's count
+    is that log's replay and its price the replay's page-sized faulting blocks, never the tensor replay's
+    (a handful of tensor-replay faults once priced thousands of malloc-replay faults at 86 µs each)."""
+    import torch
+
+    from ckptbench.measure.optrace import OpRecorder
+    from ckptbench.run.raterounds import RateRounds
+
+    class Log:  # the preloaded library's interface, its replay's figures fixed
+        events, dropped, started = 0, 0, 0
+
+        def start(self):
+            self.started += 1
+
+        def stop(self):
+            self.events = 11_459
+
+        def replay(self, clock=None):
+            return 6_000, 4_000, 4_000 * 2e-6
+
+    recorder = OpRecorder()
+    with recorder:
+        torch.ones(64, 32).sum()
+    rounds = RateRounds("cpu")
+    rounds.use(recorder.trace(), [2**30, -(2**30)])  # the tensor replay: a GiB block, a fault a page
+    rounds.malloc_log = log = Log()
+    rounds.before_step()
+    rounds.after_step()
+    rounds.offer(steps_s=0.0)
+    rounds.before_step()
+    rounds.after_step()
+    assert log.started == 1 and rounds.rounds == 1
+    result = rounds.result()
+    assert result["heap_faults"] == 6_000 and result["heap_faults_rounds"] == [6_000]
+    assert result["heap_fault_s"] == pytest.approx(2e-6) and result["heap_fault_prices"] == [pytest.approx(2e-6)]
+    assert result["heap_replay"] == "every malloc and free of the first timed step (11,459 calls)"
