@@ -9,16 +9,49 @@ as ``recompute``: the recomputation is seen, including where it stops early, not
 
 CPU's fused attention kernels (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) are not
 in torch's table; they are the same product of shapes as the CUDA flash kernels and are counted with
-the same formulas.  Like the memory tracker this slows every op, so it runs on the memory steps only.
+the same formulas.  torch before 2.13 counts attention only where the keys and values have as many heads as
+the queries; grouped-query attention (each key/value head shared by a group of query heads: Llama 3,
+Qwen2) does the arithmetic of the heads repeated, so there its kernels are counted on the shapes with the
+key/value heads repeated (:func:`_grouped_heads`).  Like the memory tracker this slows every op, so it runs on the memory steps only.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
 PHASES = ("forward", "backward", "recompute", "optimizer")
+
+
+def _grouped_heads(formula):
+    """An attention kernel's formula that also counts grouped-query attention where torch's own refuses it
+    (an AssertionError on key/value shapes with fewer heads than the query's, before torch 2.13): each
+    4-D tensor that differs from the query's shape in one dimension alone, by a whole factor (the heads),
+    is counted at the query's shape.  torch's formulas read shapes only, and take a shape where a tensor
+    was."""
+
+    def count(*args, out_val=None, **kwargs):
+        try:
+            return formula(*args, out_val=out_val, **kwargs)
+        except AssertionError:
+            four = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() == 4]
+            if not four:
+                raise
+            query = max(four, key=lambda t: t.numel()).shape
+
+            def widened(x):
+                if not (isinstance(x, torch.Tensor) and x.dim() == 4):
+                    return x
+                differ = [i for i in range(4) if x.shape[i] != query[i]]
+                if len(differ) == 1 and query[differ[0]] % x.shape[differ[0]] == 0:
+                    return query
+                return x
+
+            return formula(*tree_map(widened, args), out_val=out_val, **tree_map(widened, kwargs))
+
+    return count
 
 
 def _registry() -> dict:
@@ -29,6 +62,9 @@ def _registry() -> dict:
                        "_scaled_dot_product_flash_attention_backward")):
         if hasattr(aten, cpu) and getattr(aten, cuda) in table:
             table[getattr(aten, cpu)] = table[getattr(aten, cuda)]
+    for op in list(table):
+        if "attention" in str(op):
+            table[op] = _grouped_heads(table[op])
     return table
 
 

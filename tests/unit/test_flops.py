@@ -133,3 +133,44 @@ def test_formula_equals_torchs_flop_counter(family, attn, every_n):
         whole = n * (2 * flops.flop_model(spec).layer_matmul_params
                      + flops.attention_forward_flops_per_token(spec, seq)) * tokens
         assert c["recompute"] < whole
+
+
+def test_grouped_query_attention_counts_as_its_heads_repeated():
+    """Grouped-query attention (fewer key/value heads than query heads) counts as the same attention with the
+    key/value heads repeated, forward and backward; and where a formula refuses the grouped shapes (torch's
+    before 2.13 assert the heads equal), the counter counts them at the repeated shapes instead of failing."""
+    import torch
+    import torch.nn.functional as F
+
+    from ckptbench.measure.flops import FlopCounter, _grouped_heads
+
+    def count(q, k, v, **kw) -> dict:
+        counter = FlopCounter()
+        with counter:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+            counter.phase = "backward"
+            out.sum().backward()
+        return counter.flops
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 32, 16, requires_grad=True)
+    k, v = (torch.randn(2, 2, 32, 16, requires_grad=True) for _ in range(2))
+    grouped = count(q, k, v, enable_gqa=True)
+    repeated = count(q, *(t.detach().repeat_interleave(4, dim=1).requires_grad_() for t in (k, v)))
+    assert grouped == repeated and grouped["forward"] == 2 * 2 * (2 * 8 * 32 * 32 * 16)
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention
+    torch_formula = FlopCounter().registry[op]
+
+    def strict(query, key, value, *args, out_val=None, **kwargs):  # the rule of torch before 2.13
+        shape = [t.shape if isinstance(t, torch.Tensor) else t for t in (query, key, value)]  # it takes shapes too
+        assert shape[0] == shape[1] == shape[2], "shapes are incompatible"
+        return torch_formula(query, key, value, *args, out_val=out_val, **kwargs)
+
+    qm, km = torch.empty(2, 8, 32, 16, device="meta"), torch.empty(2, 2, 32, 16, device="meta")
+    with pytest.raises(AssertionError):
+        strict(qm, km, km)
+    assert _grouped_heads(strict)(qm, km, km) == strict(qm, qm, qm) == grouped["forward"]
+    odd = torch.empty(2, 3, 32, 16, device="meta")  # 8 query heads cannot share 3: refused as before
+    with pytest.raises(AssertionError):
+        _grouped_heads(strict)(qm, odd, odd)
