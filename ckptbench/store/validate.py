@@ -31,7 +31,10 @@ MEASURED_NUMBERS = ("step_time_median_s", "step_time_p90_s", "step_time_mean_s",
                     "setup_s", "mfu", "hfu", "energy_per_step_j", "model_flops_per_step",
                     "hardware_flops_per_step", "ideal_recompute_ratio", "step_time_ci_coverage", "timed_steps",
                     "timing_window_s")
-MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers")
+MEASURED_LISTS = ("step_times_s", "step_cpu_times_s", "repeat_medians_s", "losses", "recomputed_layers",
+                  "cuda_step_max_allocated_bytes", "cuda_step_max_reserved_bytes")
+# lists of byte counts (the CUDA allocator's peak in each timed step), never below zero
+BYTE_LISTS = ("cuda_step_max_allocated_bytes", "cuda_step_max_reserved_bytes")
 # byte counts that are never below zero (a difference such as activations_after_forward_bytes may be)
 COUNTS = ("peak_bytes", "mem_after_forward_bytes", "params_bytes", "optimizer_bytes")
 # timings and rates that every ranking, comparison and chart divides or sorts by: finite and never below zero
@@ -143,8 +146,8 @@ _RULES: dict[str, int] = {}  # measurement key -> what its value must be (0: any
 def _rule(key: str) -> int:
     rule = _RULES.get(key)
     if rule is None:
-        rule = _RULES[key] = ((_NUMBER if (key.endswith("_bytes") and key not in MEASURED_DICTS)
-                               or key in MEASURED_NUMBERS else 0)
+        rule = _RULES[key] = ((_NUMBER if (key.endswith("_bytes") and key not in MEASURED_DICTS
+                                            and key not in BYTE_LISTS) or key in MEASURED_NUMBERS else 0)
                               | (_LIST if key in MEASURED_LISTS else 0))
     return rule
 
@@ -191,6 +194,10 @@ def _measurement_problem(m: dict) -> str | None:
             return f"measurement.{key} holds something other than finite numbers"
         if values and max(values) > MAX_STEP_S:
             return f"measurement.{key} holds {max(values)!r}, over {MAX_STEP_S:g} s: not a step's time"
+    for key in BYTE_LISTS:
+        values = m.get(key)
+        if values and not (_finite_numbers(values) and min(values) >= 0):
+            return f"measurement.{key} holds something other than byte counts"
     return None
 
 

@@ -194,3 +194,33 @@ def test_lines_the_fast_parser_refuses_read_as_the_json_module_reads_them(tmp_pa
     assert loaded.skipped == 2 and "1: unreadable line" in loaded.problems[0]
     assert "step_times_s holds something other than finite numbers" in loaded.problems[1]
     assert loaded.records[0]["measurement"]["allocator_events"] == float(2**70)
+
+
+def test_a_cuda_records_per_step_peaks_are_lists_of_byte_counts(tmp_path):
+    """A CUDA worker writes the allocator's peak of each timed step as a list under a ``_bytes`` name; it is
+    read (the H200's first run's every record had been refused for it), and a list holding anything but
+    byte counts is a bad line."""
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    good = _good(case, device="cuda")
+    peaks = {"cuda_step_max_allocated_bytes": [20978022912, 20978022912], "cuda_step_max_reserved_bytes": [2**35] * 2}
+    lines = [{**good, "measurement": {**good["measurement"], **peaks}}]
+    for bad in ([-1, 5], [1, "2"], [1.5, float("nan")], 7):
+        lines.append({**good, "repeat": len(lines), "measurement": {**good["measurement"], **peaks,
+                                                                   "cuda_step_max_reserved_bytes": bad}})
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps({"schema": 1, **line}) + "\n" for line in lines))
+    loaded = load_records(str(path))
+    assert [r["measurement"]["cuda_step_max_allocated_bytes"] for r in loaded.records] == [peaks["cuda_step_max_allocated_bytes"]]
+    assert loaded.skipped == 4
+    assert all("cuda_step_max_reserved_bytes" in p for p in loaded.problems)
+
+
+def test_every_record_the_h200_wrote_is_read():
+    """The records of the first GPU run (results/h200-20261204-gpu-small), as the CUDA workers wrote them."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "results", "h200-20261204-gpu-small", "run",
+                        "records.jsonl")
+    loaded = load_records(path)
+    assert loaded.skipped == 0 and len(loaded.records) == 42
+    assert {r["status"] for r in loaded.records} == {"ok"}
+    assert all(len(r["measurement"]["cuda_step_max_allocated_bytes"]) == r["measurement"]["timed_steps"]
+               for r in loaded.records)
