@@ -19,7 +19,7 @@ import torch
 
 from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
 from ..measure.interval import median_interval, record_fields
-from ..measure.steps import step_probe_for
+from ..measure.steps import StepLosses, step_probe_for
 from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
 from ..spec import Case
@@ -70,7 +70,7 @@ class StepSchedule:
         self.marks = CompiledStepMarks() if case.compiled else MemoryStepMarks(layers)
         self.steps = step_probe_for(device)  # CUDA: per-step allocator peaks, window energy; CPU: nothing
         self.timer = timer_for(device.type)
-        self.losses: list = []
+        self.losses = StepLosses(self.total)
         self.mem: dict = {}
         self._window: str | None = None
         self.stats: StepStats | None = None
@@ -208,7 +208,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         mem = schedule.mem
         steps = schedule.steps
         timer = schedule.timer
-        losses = [float(x) for x in schedule.losses]
+        losses = schedule.losses.values()
 
     return {
         **mem,

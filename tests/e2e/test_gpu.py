@@ -33,7 +33,12 @@ def test_measure_on_cuda_uses_the_cuda_probes():
     assert set(m["peak_breakdown"]) == {"params", "optimizer"}
     # checkpointed inputs: 4 layers x 2 x 64 x 64 x 2 bytes (bf16)
     assert m["checkpointed_input_bytes"] == 4 * 2 * 64 * 64 * 2
-    assert len(m["cuda_step_max_allocated_bytes"]) == 3 and min(m["cuda_step_max_allocated_bytes"]) > 0
+    # one allocator peak per timed step (as many as the stop rule timed), none of them raised by the losses
+    # of the steps before it (a kept 0-d loss holds a 512-byte block: H200, torch 2.11, each peak was 512
+    # bytes above the last)
+    peaks = m["cuda_step_max_allocated_bytes"]
+    assert len(peaks) == len(m["step_times_s"]) and min(peaks) > 0
+    assert max(peaks) - min(peaks) < 512 * max(len(peaks) - 1, 1)
     assert m["cuda_first_step_max_allocated_bytes"] > 0
     assert all(t > 0 for t in m["step_times_s"])
     assert m["recomputed_layers"] == [0, 1, 2, 3]
