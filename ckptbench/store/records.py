@@ -16,7 +16,10 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import orjson
+try:
+    import orjson
+except ImportError:  # a machine's own python without it (a GPU image): the json module reads every line
+    orjson = None
 
 from ..errors import StorageError, UsageError
 from ..regularfile import open_regular
@@ -114,7 +117,10 @@ def no_cycle_collection():
 def parse_line(line: bytes):
     """One JSON line: orjson (a third of the json module's time on a large run), and where orjson refuses
     what the json module reads (NaN, Infinity, nesting past 1,024) the json module, so such a line reads as
-    before.  An integer past 64 bits reads as the float nearest it (no count a sweep writes comes near)."""
+    before.  An integer past 64 bits reads as the float nearest it (no count a sweep writes comes near).
+    Without orjson installed, the json module reads every line."""
+    if orjson is None:
+        return json.loads(line)
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:

@@ -224,3 +224,17 @@ def test_every_record_the_h200_wrote_is_read():
     assert {r["status"] for r in loaded.records} == {"ok"}
     assert all(len(r["measurement"]["cuda_step_max_allocated_bytes"]) == r["measurement"]["timed_steps"]
                for r in loaded.records)
+
+
+def test_without_orjson_the_json_module_reads_the_same_records(tmp_path, monkeypatch):
+    """A machine's own python without orjson (the H200's image had none) reads the records as before."""
+    from ckptbench.store import records
+
+    case = load_suite(_write(tmp_path, SUITE)).cases[0]
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"schema": 1, **_good(case)}) + "\n{not json\n")
+    fast = load_records(str(path))
+    monkeypatch.setattr(records, "orjson", None)
+    plain = load_records(str(path))
+    assert plain.records == fast.records and len(plain.records) == 1
+    assert plain.problems == fast.problems and plain.skipped == fast.skipped == 1
