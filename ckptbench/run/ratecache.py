@@ -36,7 +36,10 @@ def machine_facts(device: str, threads: int) -> dict:
     from ..env import cpu_model
 
     name = torch.cuda.get_device_name() if device == "cuda" else cpu_model()
-    return {"device": device, "device_name": name, "torch": torch.__version__, "threads": threads}
+    facts = {"device": device, "device_name": name, "torch": torch.__version__, "threads": threads}
+    if device == "cuda":  # ops timed by their kernels alone (oprates.time_kernels): host-timed files not reused
+        facts["op_timing"] = "kernels"
+    return facts
 
 
 def cache_path(directory: str, machine: dict) -> str:

@@ -14,7 +14,8 @@ entries with their counts.  Each entry is priced by a :class:`Rates` table:
   and every byte it writes fresh (an output sharing no storage with an input) once more, at what a copy
   pays beyond that for its destination (a write-allocate cache reads a line before it is written).  Where
   the in-place rate was not measured, the bytes it spans over the copy bandwidth;
-- a view (an op that returns an alias and moves nothing) costs the dispatcher's own per-call time;
+- a view (an op that returns an alias and moves nothing) costs the dispatcher's own per-call time on a
+  CPU; on a GPU it launches no kernel, and its host time is the framework's;
 - an entry nobody timed is modelled: FLOPs over the matmul rate for a matmul or attention kernel, bytes
   it spans over the memory bandwidth otherwise, host↔device copies over the link, and never less than
   a kernel launch on a GPU;
@@ -94,8 +95,8 @@ class StepCost:
 def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
     """(seconds per call of the entry, whether it was modelled rather than timed)."""
     kind = entry["kind"]
-    if kind == "view":
-        return rates.dispatch_s, False
+    if kind == "view":  # host time alone: on a GPU the framework's, beside the kernels
+        return (0.0 if rates.host_bound else rates.dispatch_s), False
     timed = rates.per_call_s.get(entry["key"])
     if timed is not None:
         if kind == "memory" and rates.bandwidth_bytes_per_s:
