@@ -1,5 +1,5 @@
 """The step-time grid's training step, built for the scripts that look inside it (op_prices.py,
-heap_trim_replay.py): a preset at a depth, the manual loop, AdamW, sdpa, checkpointing through
+heap_trim_replay.py, matmul_cold.py): a preset at a depth, the manual loop, AdamW, sdpa, checkpointing through
 transformers' API; one thread."""
 
 from __future__ import annotations
