@@ -21,6 +21,7 @@ copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -102,6 +103,13 @@ def clock(device: str):
     return time.perf_counter
 
 
+def _trial_shape(once: float, reps_cap: int | None, trials: int) -> tuple[int, int]:
+    """(calls a trial, trials) for a call that took `once` seconds: a trial at least :data:`TRIAL_S` long,
+    1,000 calls at most (`reps_cap` fewer); at most three trials of an op longer than :data:`LONG_S`."""
+    reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
+    return reps, trials if once < LONG_S else min(trials, 3)
+
+
 def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS,
               faults: list | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
@@ -114,9 +122,8 @@ def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIA
     call()
     _sync(device)
     once = now() - t0
-    reps = max(1, min(int(TRIAL_S / max(once, 1e-7)), 1000, reps_cap or 1000))
+    reps, runs = _trial_shape(once, reps_cap, trials)
     per_call = []
-    runs = trials if once < LONG_S else min(trials, 3)
     faulted = minor_faults()
     for _ in range(runs):
         t0 = now()
@@ -140,10 +147,10 @@ def time_kernels(call, reps_cap: int | None = None, trials: int = TRIALS) -> flo
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
         return host
-    reps = max(1, min(int(TRIAL_S / max(host, 1e-7)), 1000, reps_cap or 1000))
+    reps, runs = _trial_shape(host, reps_cap, trials)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per_call = []
-    for _ in range(trials if host < LONG_S else min(trials, 3)):
+    for _ in range(runs):
         sleep(int(2 * min(host, QUEUE_S) * reps * SLEEP_CYCLES_PER_S))
         start.record()
         for _ in range(reps):
@@ -154,6 +161,15 @@ def time_kernels(call, reps_cap: int | None = None, trials: int = TRIALS) -> flo
     return statistics.median(per_call)
 
 
+def entry_call(entry: dict, device: str):
+    """(the entry's op, a call of it on tensors made on `device` as its signature lays them out); raises
+    :class:`NotReplayable` for an argument the signature cannot rebuild."""
+    func = resolve(entry["op"])
+    _, args, kwargs = json.loads(entry["key"])
+    args, kwargs = make_value(args, device), {k: make_value(v, device) for k, v in kwargs.items()}
+    return func, functools.partial(func, *args, **kwargs)
+
+
 def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS, faults: list | None = None) -> float | None:
     """Seconds one call of the entry's op takes here (the median of `trials`), or None when it cannot be
     replayed (`faults`: as :func:`time_call`'s)."""
@@ -161,14 +177,12 @@ def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS, faults: l
     if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
         return time_copy(entry, device) if op.startswith("copy.") else None
     try:
-        func = resolve(op)
-        _, args, kwargs = json.loads(entry["key"])
-        args, kwargs = make_value(args, device), {k: make_value(v, device) for k, v in kwargs.items()}
+        func, call = entry_call(entry, device)
         cap = MUTATING_REPS if _is_mutating(func) else None
         with torch.no_grad():
             if device == "cuda":
-                return time_kernels(lambda: func(*args, **kwargs), cap, trials)
-            return time_call(lambda: func(*args, **kwargs), device, cap, trials, faults)
+                return time_kernels(call, cap, trials)
+            return time_call(call, device, cap, trials, faults)
     except (NotReplayable, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
         entry.setdefault("replay_error", f"{type(exc).__name__}: {exc}"[:200])
         return None
