@@ -14,6 +14,15 @@ def add_step_arguments(parser) -> None:
     parser.add_argument("every_n", type=int)
 
 
+def grid_case(args):
+    """The grid's Case for the step's positional arguments (as the sweep's worker would trace and price it)."""
+    from ckptbench.spec import Case, TrainSpec, preset
+
+    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
+    return Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
+                every_n_layers=args.every_n)
+
+
 def grid_step(preset_name: str, layers: int, batch: int, seq: int, every_n: int):
     """(the model's spec, a function that runs one training step)."""
     import torch
@@ -35,3 +44,18 @@ def grid_step(preset_name: str, layers: int, batch: int, seq: int, every_n: int)
         optimizer.zero_grad(set_to_none=True)
 
     return spec, step
+
+
+def self_seconds(step, steps: int = 2) -> dict:
+    """Each op's self CPU seconds a step, the step run `steps` times under ``torch.profiler``."""
+    import collections
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    inside: collections.Counter = collections.Counter()
+    for ev in prof.key_averages():
+        inside[ev.key] += ev.self_cpu_time_total / 1e6 / steps
+    return inside

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
-import json
 import statistics
 import time
 
@@ -34,18 +32,13 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from gridstep import grid_step
-    from torch.profiler import ProfilerActivity, profile
+    from gridstep import grid_case, grid_step, self_seconds
 
-    from ckptbench.measure.oprates import make_value, resolve, time_entry
-    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.measure.oprates import entry_call, time_entry
     from ckptbench.theory.optrace import trace_case
 
     torch.set_num_threads(1)
-    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
-    case = Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
-                every_n_layers=args.every_n)
-    entries = [e for e in trace_case(case) if e["kind"] == "matmul"]
+    entries = [e for e in trace_case(grid_case(args)) if e["kind"] == "matmul"]
 
     def after_read(call, nbytes: int) -> float:
         buf = torch.ones(nbytes // 4)
@@ -60,10 +53,7 @@ def main() -> None:
     rows = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
     for e in entries:
         calls = sum(e["counts"].values())
-        func = resolve(e["op"])
-        _, a, kw = json.loads(e["key"])
-        a, kw = make_value(a, "cpu"), {k: make_value(v, "cpu") for k, v in kw.items()}
-        call = functools.partial(func, *a, **kw)
+        _, call = entry_call(e, "cpu")
         with torch.no_grad():
             hot = time_entry(e)
             l2 = after_read(call, int(args.l2_read * 2**20))
@@ -75,13 +65,7 @@ def main() -> None:
     _, step = grid_step(args.preset, args.layers, args.batch, args.seq, args.every_n)
     for _ in range(3):
         step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            step()
-    inside = collections.Counter()
-    for ev in prof.key_averages():
-        if ev.key in MATMUL_OPS:
-            inside[ev.key] += ev.self_cpu_time_total / 1e6 / 2
+    inside = {op: s for op, s in self_seconds(step).items() if op in MATMUL_OPS}
     print(f"{args.preset} x{args.layers} every-{args.every_n} b{args.batch} s{args.seq}: matmul seconds a step")
     print(f"{'op':14s} {'hot':>8s} {'L2 cold':>8s} {'L3 cold':>8s} {'in step':>8s}")
     total = [0.0] * 4

@@ -27,19 +27,15 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from gridstep import grid_step
-    from torch.profiler import ProfilerActivity, profile
+    from gridstep import grid_case, grid_step, self_seconds
 
     from ckptbench.run.ratecache import RateCache, machine_facts
     from ckptbench.run.steptime import measured_rates
-    from ckptbench.spec import Case, TrainSpec, preset
     from ckptbench.theory.optrace import trace_case
     from ckptbench.theory.steptime import entry_seconds, step_cost
 
     torch.set_num_threads(1)
-    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
-    case = Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
-                every_n_layers=args.every_n)
+    case = grid_case(args)
     entries = trace_case(case)
     rates, _ = measured_rates(case, entries, RateCache(args.rates_dir, machine_facts("cpu", 1)))
     cost = step_cost(entries, rates)
@@ -56,12 +52,7 @@ def main() -> None:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            step()
-    inside: collections.Counter = collections.Counter()
-    for ev in prof.key_averages():
-        inside[ev.key] += ev.self_cpu_time_total / 1e6 / 2
+    inside = self_seconds(step)
     print(f"{case.model.label} {case.strategy} b{args.batch} s{args.seq}: step median {statistics.median(times):.4f} s "
           f"(3 timed), predicted {cost.seconds:.4f} s (kernels {cost.kernel_s:.4f}, framework {cost.framework_s:.4f})")
     print(f"{'op':58s} {'priced s':>9s} {'in step s':>9s}")
