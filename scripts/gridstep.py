@@ -14,11 +14,18 @@ def add_step_arguments(parser) -> None:
     parser.add_argument("every_n", type=int)
 
 
+def grid_spec(preset_name: str, layers: int, seq: int):
+    """The grid's model: the preset at `layers`, sdpa, positions for `seq` tokens (2,048 at least)."""
+    from ckptbench.spec import preset
+
+    return preset(preset_name, attn="sdpa", layers=layers, max_positions=max(2048, seq))
+
+
 def grid_case(args):
     """The grid's Case for the step's positional arguments (as the sweep's worker would trace and price it)."""
-    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.spec import Case, TrainSpec
 
-    spec = preset(args.preset, attn="sdpa", layers=args.layers, max_positions=max(2048, args.seq))
+    spec = grid_spec(args.preset, args.layers, args.seq)
     return Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
                 every_n_layers=args.every_n)
 
@@ -27,12 +34,11 @@ def grid_step(preset_name: str, layers: int, batch: int, seq: int, every_n: int)
     """(the model's spec, a function that runs one training step)."""
     import torch
 
-    from ckptbench.spec import preset
     from ckptbench.train.checkpointing import enable_checkpointing
     from ckptbench.train.models import build_model, synthetic_batch
 
     torch.set_num_threads(1)
-    spec = preset(preset_name, attn="sdpa", layers=layers, max_positions=max(2048, seq))
+    spec = grid_spec(preset_name, layers, seq)
     model = build_model(spec)
     enable_checkpointing(model, every_n, False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
