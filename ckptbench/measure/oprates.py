@@ -7,7 +7,9 @@ take; integers 0, a valid index for any embedding or target; booleans true), cal
 then times it: trials of back-to-back calls, each long enough for the clock, the median trial's time per
 call kept, in the CPU time of the calling thread on a one-thread CPU (:func:`clock`).  A
 mutating op (``mul_``, ``lerp_``, AdamW's in-place updates) runs on the same tensors every call, as it does
-in the step.  An op that cannot be replayed from its signature (an argument that is not data: a Python
+in the step.  A matmul on a CPU keeps its first matrix (what the op before it wrote) but takes its other
+operands (a weight, a saved activation, a bias) from the next places of a pool twice the last-level cache,
+call after call (:mod:`.coldoperands`): in the step those were last touched a layer or a step before.  An op that cannot be replayed from its signature (an argument that is not data: a Python
 object) gives None, and the cost model prices it from its bytes instead.  On a GPU an op is timed by its
 kernels alone (:func:`time_kernels`): the calls are queued while the device sleeps, so they run back to
 back however long the host takes to launch them; the host's time is the framework's (the cost model
@@ -22,12 +24,14 @@ copies that offload makes (``copy.d2h`` / ``copy.h2d`` entries).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import statistics
 import time
 
 import torch
 
+from .coldoperands import cold_operand_calls
 from .heapfaults import minor_faults
 
 TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
@@ -111,12 +115,14 @@ def _trial_shape(once: float, reps_cap: int | None, trials: int) -> tuple[int, i
 
 
 def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS,
-              faults: list | None = None) -> float:
+              faults: list | None = None, in_turn: list | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
     back-to-back calls (at most three single calls for an op longer than :data:`LONG_S`), their median: in
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,
     as the step's own ops are.  `faults`, where given, is appended the minor page faults per call of the
-    trials (an output mapped afresh each call faults every call: :mod:`.heapfaults`)."""
+    trials (an output mapped afresh each call faults every call: :mod:`.heapfaults`).  `in_turn`, where
+    given, makes calls of the same op for the trials to make one after another instead of `call`, given
+    how many the trials make (on operands elsewhere in memory: :func:`.coldoperands.cold_operand_calls`)."""
     now = clock(device)
     t0 = now()
     call()
@@ -125,10 +131,11 @@ def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIA
     reps, runs = _trial_shape(once, reps_cap, trials)
     per_call = []
     faulted = minor_faults()
+    calls = itertools.cycle((in_turn and in_turn(runs * reps)) or [call])
     for _ in range(runs):
         t0 = now()
-        for _ in range(reps):
-            call()
+        for c in itertools.islice(calls, reps):
+            c()
         _sync(device)
         per_call.append((now() - t0) / reps)
     if faults is not None:
@@ -172,17 +179,22 @@ def entry_call(entry: dict, device: str):
 
 def time_entry(entry: dict, device: str = "cpu", trials: int = TRIALS, faults: list | None = None) -> float | None:
     """Seconds one call of the entry's op takes here (the median of `trials`), or None when it cannot be
-    replayed (`faults`: as :func:`time_call`'s)."""
+    replayed (`faults`: as :func:`time_call`'s).  A matmul on a CPU is timed with its operands other than
+    the first matrix taken from beyond the caches (:func:`.coldoperands.cold_operand_calls`)."""
     op = entry["op"]
     if entry["kind"] == "copy":  # between host and device: the pinned copy, never a replay on one device
         return time_copy(entry, device) if op.startswith("copy.") else None
     try:
         func, call = entry_call(entry, device)
-        cap = MUTATING_REPS if _is_mutating(func) else None
+        mutating = _is_mutating(func)
+        cap = MUTATING_REPS if mutating else None
         with torch.no_grad():
             if device == "cuda":
                 return time_kernels(call, cap, trials)
-            return time_call(call, device, cap, trials, faults)
+            in_turn = None
+            if entry["kind"] == "matmul" and not mutating:
+                in_turn = functools.partial(cold_operand_calls, func, call.args, call.keywords)
+            return time_call(call, device, cap, trials, faults, in_turn)
     except (NotReplayable, RuntimeError, TypeError, ValueError, AttributeError, IndexError) as exc:
         entry.setdefault("replay_error", f"{type(exc).__name__}: {exc}"[:200])
         return None
