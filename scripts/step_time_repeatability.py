@@ -38,7 +38,8 @@ def span(text: str) -> list[int]:
 
 
 def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
-    """(model, point) -> {measured, predicted, ci}; unreadable records are reported and skipped."""
+    """(model, point) -> {measured, predicted, ci, matmul (the prediction's matmul seconds, or None)};
+    unreadable records are reported and skipped."""
     out = {}
     for path in sorted((root / f"run-{run}").glob("*/*/records.jsonl")):
         try:
@@ -48,6 +49,8 @@ def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
             predicted = float(m["step_time_model"]["predicted_s"])
             ci = m.get("step_time_ci95_s")
             ci = (float(ci[0]), float(ci[1])) if isinstance(ci, list) and len(ci) == 2 else None
+            matmul = m["step_time_model"].get("by_kind", {}).get("matmul")
+            matmul = float(matmul) if isinstance(matmul, (int, float)) else None
         except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
             print(f"{path}: left out ({type(exc).__name__}: {exc})", file=sys.stderr)
             continue
@@ -55,7 +58,7 @@ def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
             print(f"{path}: left out (measured {measured}, predicted {predicted})", file=sys.stderr)
             continue
         out[(path.parent.parent.name, path.parent.name.split("-", 1)[1])] = {
-            "measured": measured, "predicted": predicted, "ci": ci}
+            "measured": measured, "predicted": predicted, "ci": ci, "matmul": matmul}
     return out
 
 
