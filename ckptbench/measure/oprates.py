@@ -9,11 +9,12 @@ call kept, in the CPU time of the calling thread on a one-thread CPU (:func:`clo
 mutating op (``mul_``, ``lerp_``, AdamW's in-place updates) runs on the same tensors every call, as it does
 in the step.  A matmul on a CPU keeps its first matrix (what the op before it wrote) but takes its other
 operands (a weight, a saved activation, a bias) from the next places of a pool twice the last-level cache,
-call after call (:mod:`.coldoperands`): in the step those were last touched a layer or a step before.  An op that cannot be replayed from its signature (an argument that is not data: a Python
-object) gives None, and the cost model prices it from its bytes instead.  On a GPU an op is timed by its
-kernels alone (:func:`time_kernels`): the calls are queued while the device sleeps, so they run back to
-back however long the host takes to launch them; the host's time is the framework's (the cost model
-takes the longer of the two), and timed from the host a small kernel would be priced at its launch.
+call after call (:mod:`.coldoperands`): in the step those were last touched a layer or a step before.  An
+op that cannot be replayed from its signature (an argument that is not data: a Python object) gives None,
+and the cost model prices it from its bytes instead.  On a GPU an op is timed by its kernels alone
+(:func:`time_kernels`): the calls are queued while the device sleeps, so they run back to back however
+long the host takes to launch them; the host's time is the framework's (the cost model takes the longer
+of the two), and timed from the host a small kernel would be priced at its launch.
 
 Also here: the per-call time of the cheapest op the dispatcher serves (an alias, :func:`dispatch_overhead`),
 this device's copy bandwidth for an op-less estimate (:func:`memory_bandwidth`) and the rate an in-place op
@@ -28,6 +29,7 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -115,7 +117,7 @@ def _trial_shape(once: float, reps_cap: int | None, trials: int) -> tuple[int, i
 
 
 def time_call(call, device: str, reps_cap: int | None = None, trials: int = TRIALS,
-              faults: list | None = None, in_turn: list | None = None) -> float:
+              faults: list | None = None, in_turn: Callable[[int], list | None] | None = None) -> float:
     """Seconds per call of `call`: one call to warm it (and to size the trials), then `trials` trials of
     back-to-back calls (at most three single calls for an op longer than :data:`LONG_S`), their median: in
     CPU time a trial is never slowed by waiting for the core, only by what shares its caches and memory,

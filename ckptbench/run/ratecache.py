@@ -39,7 +39,7 @@ def machine_facts(device: str, threads: int) -> dict:
     facts = {"device": device, "device_name": name, "torch": torch.__version__, "threads": threads}
     if device == "cuda":  # ops timed by their kernels alone (oprates.time_kernels): host-timed files not reused
         facts["op_timing"] = "kernels"
-    else:  # matmuls timed with their operands beyond the caches (oprates.cold_operand_calls): older files not reused
+    else:  # matmuls timed with their operands beyond the caches (measure/coldoperands.py): older files not reused
         facts["matmul_operands"] = "cold"
     return facts
 
