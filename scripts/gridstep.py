@@ -21,13 +21,12 @@ def grid_spec(preset_name: str, layers: int, seq: int):
     return preset(preset_name, attn="sdpa", layers=layers, max_positions=max(2048, seq))
 
 
-def grid_case(args):
-    """The grid's Case for the step's positional arguments (as the sweep's worker would trace and price it)."""
+def grid_case(preset_name: str, layers: int, batch: int, seq: int, every_n: int, offload: bool = False):
+    """The grid's Case for a point (as the sweep's worker would trace and price it)."""
     from ckptbench.spec import Case, TrainSpec
 
-    spec = grid_spec(args.preset, args.layers, args.seq)
-    return Case(model=spec, train=TrainSpec(threads=1), batch_size=args.batch, seq_len=args.seq,
-                every_n_layers=args.every_n)
+    return Case(model=grid_spec(preset_name, layers, seq), train=TrainSpec(threads=1), batch_size=batch,
+                seq_len=seq, every_n_layers=every_n, offload=offload)
 
 
 def grid_step(preset_name: str, layers: int, batch: int, seq: int, every_n: int):

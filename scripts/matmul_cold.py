@@ -3,9 +3,9 @@ evicts the core's L2, and after a read that evicts the L3 too.
 
     python scripts/matmul_cold.py PRESET LAYERS BATCH SEQ EVERY_N [--l2-read MIB] [--l3-read MIB] [--reps N]
 
-The step-time model times each op back to back, its operands in the core's caches; in the step a small
+Timed back to back, an op's operands sit in the core's caches; in the step a small
 matmul's weight was last touched a whole layer ago.  Here every matmul entry of the traced step is timed
-(CPU time of this thread, one thread) back to back as the model does, and one call at a time after reading
+(CPU time of this thread, one thread) back to back on one set of tensors, and one call at a time after reading
 a buffer (a read leaves no dirty lines for the call to write back): one a little larger than the L2, and
 one larger than the L3.  The real step is profiled twice with ``torch.profiler``; its matmuls' self CPU time
 is what they cost where they ran.  Each column sums an entry's price times its calls in the step.
@@ -34,11 +34,12 @@ def main() -> None:
     import torch
     from gridstep import grid_case, grid_step, self_seconds
 
-    from ckptbench.measure.oprates import entry_call, time_entry
+    from ckptbench.measure.oprates import entry_call, time_call
     from ckptbench.theory.optrace import trace_case
 
     torch.set_num_threads(1)
-    entries = [e for e in trace_case(grid_case(args)) if e["kind"] == "matmul"]
+    case = grid_case(args.preset, args.layers, args.batch, args.seq, args.every_n)
+    entries = [e for e in trace_case(case) if e["kind"] == "matmul"]
 
     def after_read(call, nbytes: int) -> float:
         buf = torch.ones(nbytes // 4)
@@ -55,7 +56,7 @@ def main() -> None:
         calls = sum(e["counts"].values())
         _, call = entry_call(e, "cpu")
         with torch.no_grad():
-            hot = time_entry(e)
+            hot = time_call(call, "cpu")  # on one set of tensors (time_entry takes a matmul's other operands cold)
             l2 = after_read(call, int(args.l2_read * 2**20))
             l3 = after_read(call, int(args.l3_read * 2**20))
         op = "aten::" + e["op"].split(".")[1]

@@ -23,22 +23,13 @@ from step_time_accuracy import MODELS, TOLERANCE, points
 from step_time_repeatability import read_run, span
 
 
-def point_name(every_n: int, offload: bool, batch: int, seq: int) -> str:
-    name = {0: "none", 1: "full"}.get(every_n, f"every-{every_n}") + ("+offload" if offload else "")
-    return f"{name}-b{batch}-s{seq}"
-
-
-def matmul_seconds(preset: str, layers: int, every_n: int, batch: int, seq: int) -> tuple[float, float]:
+def matmul_seconds(case) -> tuple[float, float]:
     """(back to back, other operands from beyond the caches): the step's matmul seconds."""
     import torch
-    from gridstep import grid_spec
 
     from ckptbench.measure.oprates import entry_call, time_call, time_entry
-    from ckptbench.spec import Case, TrainSpec
     from ckptbench.theory.optrace import trace_case
 
-    case = Case(model=grid_spec(preset, layers, seq), train=TrainSpec(threads=1), batch_size=batch,
-                seq_len=seq, every_n_layers=every_n)
     hot = cold = 0.0
     for e in trace_case(case):
         if e["kind"] != "matmul":
@@ -58,14 +49,16 @@ def main() -> int:
     args = p.parse_args()
 
     import torch
+    from gridstep import grid_case
 
     torch.set_num_threads(1)
     ratio = {}
     print("| point | back to back (ms) | other operands cold (ms) | ratio |\n| --- | ---: | ---: | ---: |")
     for index, (model, (preset, layers)) in enumerate(MODELS.items()):
         for every_n, offload, batch, seq in points(index):
-            hot, cold = matmul_seconds(preset, layers, every_n, batch, seq)
-            name = point_name(every_n, offload, batch, seq)
+            case = grid_case(preset, layers, batch, seq, every_n, offload)
+            hot, cold = matmul_seconds(case)
+            name = f"{case.strategy}-b{batch}-s{seq}"  # as step_time_accuracy.py names the point's folder
             ratio[(model, name)] = cold / hot
             print(f"| {model} {name} | {hot * 1e3:.2f} | {cold * 1e3:.2f} | {cold / hot:.3f} |", flush=True)
 

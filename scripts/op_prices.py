@@ -35,7 +35,7 @@ def main() -> None:
     from ckptbench.theory.steptime import entry_seconds, step_cost
 
     torch.set_num_threads(1)
-    case = grid_case(args)
+    case = grid_case(args.preset, args.layers, args.batch, args.seq, args.every_n)
     entries = trace_case(case)
     rates, _ = measured_rates(case, entries, RateCache(args.rates_dir, machine_facts("cpu", 1)))
     cost = step_cost(entries, rates)

@@ -58,9 +58,9 @@ def _pool(dtype: torch.dtype) -> torch.Tensor:
     return pool
 
 
-def _span(t: torch.Tensor) -> int:
-    """Elements from a tensor's first to its last, as laid out by its strides."""
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+def span_elements(shape, stride) -> int:
+    """Elements from a tensor's first to its last, as laid out by its strides (0 for an empty one)."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
 
 
 def cold_operand_calls(func, args: tuple, kwargs: dict, calls: int) -> list | None:
@@ -75,7 +75,7 @@ def cold_operand_calls(func, args: tuple, kwargs: dict, calls: int) -> list | No
     if not cold or len(dtypes) != 1 or not args[cold[0]].dtype.is_floating_point:
         return None
     pool = _pool(args[cold[0]].dtype)
-    spans = [_span(args[i]) for i in cold]
+    spans = [span_elements(args[i].shape, args[i].stride()) for i in cold]
     per_call = max(sum(spans), 1)
     if pool.numel() // per_call < 2:
         return None

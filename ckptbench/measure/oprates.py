@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from .coldoperands import cold_operand_calls
+from .coldoperands import cold_operand_calls, span_elements
 from .heapfaults import minor_faults
 
 TRIAL_S = 5e-4  # a trial runs at least this long (or one call, when one call is longer)
@@ -55,7 +55,7 @@ def make_tensor(meta: list, device: str) -> torch.Tensor:
     """A tensor with the shape, strides and dtype of a :func:`.optrace.tensor_meta`."""
     _, shape, stride, dtype = meta
     dt = getattr(torch, dtype)
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+    span = span_elements(shape, stride)
     if dt.is_floating_point or dt.is_complex:
         base = torch.rand(span, dtype=dt, device=device) + 0.5
     elif dt == torch.bool:
