@@ -34,17 +34,16 @@ ENV = "CKPTBENCH_CACHE_DIR"
 MAX_BYTES = 1 << 20  # an answer is a few hundred bytes; anything larger is not one of ours
 
 
-def cache_dir(kind: str = "answers") -> str | None:
-    """Where ckptbench keeps `kind` (answers; the workers' malloc log, :mod:`.measure.malloclog`), or None
-    when keeping is off: ``$CKPTBENCH_CACHE_DIR`` itself for answers and ``$CKPTBENCH_CACHE_DIR/<kind>``
-    for the rest, else ``$XDG_CACHE_HOME/ckptbench/<kind>``."""
+def cache_dir() -> str | None:
+    """Where ckptbench keeps its answers, or None when keeping is off: ``$CKPTBENCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ckptbench/answers``."""
     value = os.environ.get(ENV)
     if value is not None:
         if value.strip().lower() in ("", "off", "0", "no"):
             return None
-        return value if kind == "answers" else os.path.join(value, kind)
+        return value
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ckptbench", kind)
+    return os.path.join(base, "ckptbench", "answers")
 
 
 def _version(dist: str) -> str:

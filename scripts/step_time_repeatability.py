@@ -2,8 +2,9 @@
 
     python scripts/step_time_repeatability.py [--runs 20-32] [--errors 25-32] [DIR]
 
-Reads the records that ``scripts/step_time_accuracy.py`` wrote under DIR (default
-``results/reference-step-time-accuracy``), one ``run-N/<model>/<point>/records.jsonl`` per point, and prints:
+Reads the kept runs of the held-out grid under DIR (default ``results/reference-step-time-accuracy``), one
+``run-N/<model>/<point>/records.jsonl`` per point (each point its own sweep, as the grid ran until the
+trace-based step-time model; their predictions are the op-rate model's), and prints:
 
 - **the measurement between runs**: each point's measured median step in every run of ``--runs`` against the
   median of those runs, how many of them land more than 10 % away, and how many of a run's 95 % intervals of
@@ -38,8 +39,7 @@ def span(text: str) -> list[int]:
 
 
 def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
-    """(model, point) -> {measured, predicted, ci, matmul (the prediction's matmul seconds, or None)};
-    unreadable records are reported and skipped."""
+    """(model, point) -> {measured, predicted, ci}; unreadable records are reported and skipped."""
     out = {}
     for path in sorted((root / f"run-{run}").glob("*/*/records.jsonl")):
         try:
@@ -49,8 +49,6 @@ def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
             predicted = float(m["step_time_model"]["predicted_s"])
             ci = m.get("step_time_ci95_s")
             ci = (float(ci[0]), float(ci[1])) if isinstance(ci, list) and len(ci) == 2 else None
-            matmul = m["step_time_model"].get("by_kind", {}).get("matmul")
-            matmul = float(matmul) if isinstance(matmul, (int, float)) else None
         except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
             print(f"{path}: left out ({type(exc).__name__}: {exc})", file=sys.stderr)
             continue
@@ -58,7 +56,7 @@ def read_run(root: Path, run: int) -> dict[tuple[str, str], dict]:
             print(f"{path}: left out (measured {measured}, predicted {predicted})", file=sys.stderr)
             continue
         out[(path.parent.parent.name, path.parent.name.split("-", 1)[1])] = {
-            "measured": measured, "predicted": predicted, "ci": ci, "matmul": matmul}
+            "measured": measured, "predicted": predicted, "ci": ci}
     return out
 
 

@@ -203,7 +203,7 @@ def assumptions(args):
                               "(alpha-beta projection, added to compute)")
     if cal.get("training_efficiency"):  # what an older --verify wrote: read, and said to be unused
         sources["training_efficiency"] = (f"{cal['training_efficiency']:.0%} in {args.calibration}, from an older "
-                                          "--verify: not used, step times come from op rates")
+                                          "--verify: not used, step times come from measured baseline steps")
     if args.device == "cpu":
         if not args.memory:
             raise UsageError("--device cpu needs --memory (the budget to plan for)")
@@ -229,9 +229,10 @@ def assumptions(args):
 
 
 def step_timer(args, a, threads: int):
-    """Who times the plan's steps: the op rates measured here (this CPU, or the card itself when the plan
-    runs on it), else the card's datasheet rates (:class:`~ckptbench.theory.plantime.DatasheetTimer`)."""
-    from ..run.steptime import MeasuredTimer
+    """Who times the plan's steps: baseline steps measured here and transformed (this CPU, or the card itself
+    when the plan runs on it: :class:`~ckptbench.run.baselines.MeasuredTimer`), else the card's roofline
+    (:class:`~ckptbench.theory.plantime.DatasheetTimer`)."""
+    from ..run.baselines import MeasuredTimer
     from ..theory.plantime import DatasheetTimer
 
     if a.device == "cpu":
@@ -239,7 +240,7 @@ def step_timer(args, a, threads: int):
     import torch
 
     if torch.cuda.is_available() and a.device_name.lower() in torch.cuda.get_device_name().lower():
-        return MeasuredTimer(args.rates_dir, threads)
+        return MeasuredTimer(args.rates_dir, threads, a.link_bytes_per_s)
     return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
 
 
@@ -274,7 +275,7 @@ def render(case, seq: int, options, a, why_nothing: str = "") -> str:
         lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
                      "--json lists each)")
     lines.append(f"recommended: {why_nothing or recommendation(options, a.device)}")
-    lines.append(f"step time: each op of the traced step priced at {a.step_time_source}" if a.step_time_source
+    lines.append(f"step time: {a.step_time_source}" if a.step_time_source
                  else "step time: none predicted (no setting fits)")
     lines.append("assumed: " + "; ".join(
         ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
@@ -353,8 +354,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attn", choices=("eager", "sdpa"))
     p.add_argument("--calibration", help="a `ckptbench calibrate` JSON of the card: its measured matmul rate and "
                                          "copy bandwidth replace the datasheet's")
-    p.add_argument("--rates-dir", default=os.path.join("results", "op-rates"), metavar="DIR",
-                   help="where the op rates measured here are kept between plans (default results/op-rates)")
+    p.add_argument("--baselines-dir", "--rates-dir", dest="rates_dir", default=os.path.join("results", "baselines"),
+                   metavar="DIR", help="where the baseline steps measured here are kept between plans "
+                                       "(default results/baselines)")
     p.add_argument("--from-run", metavar="DIR",
                    help="a CUDA run's results: its measured allocator reserve and CUDA context replace the defaults")
     p.add_argument("--simulate", action="store_true",

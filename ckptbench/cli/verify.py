@@ -3,9 +3,10 @@
 The recommended strategy at its largest batch and one batch below, and the runner-up at its largest
 batch, run as an ordinary sweep (records, checks, report); the plan's predicted peak and step time are set
 beside the measured ones, with the step time's error.  Nothing is fitted to these points: the step times
-were priced from operator microbenchmarks (:mod:`ckptbench.run.steptime`) before any of them ran, so
-every point is held out, and the table says how far each prediction was.  Each record also carries the
-worker's own step-time prediction as a check (``step_time_s``: agrees / off, never a verdict).
+were predicted from the plan's baseline steps (:mod:`ckptbench.run.baselines`) before any of them ran,
+so every point is held out, and the table says how far each prediction was.  Each record also carries the
+sweep's own step-time prediction from the points run before it, as a check (``step_time_s``: agrees /
+off, never a verdict).
 
 ``--calibration`` is read as ever (a card's measured matmul rate and copy bandwidth); nothing is written
 to it any more (the old ``training_efficiency`` a previous --verify wrote is read and said to be unused).

@@ -32,7 +32,6 @@ class AllocatorMeter:
         self._prof = None
         self.growth: int | None = None
         self.events = 0
-        self.sequence: list[int] = []  # each event's bytes in order (+ allocated, − freed): its allocations' replay
         self.names = dict.fromkeys(names, 0)  # how many profiler events whose name starts so the step ran
         self.at_marks: dict[str, int] = {}  # the running sum when each mark was made
 
@@ -68,7 +67,6 @@ class AllocatorMeter:
             running += nbytes
             peak = max(peak, running)
         self.growth, self.events = peak, len(changes)
-        self.sequence = [nbytes for _, nbytes in changes]
 
     def result(self) -> dict:
         return {"allocator_meter": self.kind if self.growth is not None else None,

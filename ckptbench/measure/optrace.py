@@ -1,21 +1,18 @@
-"""Every operator a step dispatches, with the shapes it ran on: the trace the step-time model prices.
+"""Every operator a step dispatches, with the shapes it ran on: the trace the datasheet roofline prices.
 
 :class:`OpRecorder` is a ``TorchDispatchMode`` that files each dispatched aten op under its *signature*
 (the op, and its arguments with each tensor replaced by its shape, strides and dtype) and counts the
 calls per phase, as :class:`~.flops.FlopCounter` files FLOPs: ``forward``, ``backward``, ``recompute`` (an
 op inside backward with grad mode on: non-reentrant checkpoint re-running a layer's forward) and
-``optimizer``.  Each entry also carries what one call costs in the units a cost model needs: its FLOPs
-(torch's own formulas, :func:`.flops._registry`), the bytes its tensors span (inputs and outputs; a
-broadcast dimension, stride 0, counts once) and, of those, the bytes of outputs that share no storage with
-an input (``fresh_bytes``: memory the op writes without having read it, which a CPU's write-allocate
-cache reads first; an in-place op has none).  Copies the step makes outside the dispatcher's view (the
+``optimizer``.  Each entry also carries what one call costs in the units a roofline needs: its FLOPs
+(torch's own formulas, :func:`.flops._registry`) and the bytes its tensors span (inputs and outputs; a
+broadcast dimension, stride 0, counts once).  Copies the step makes outside the dispatcher's view (the
 host↔device copies of offloaded activations) are filed by :meth:`OpRecorder.copy` as ``copy.d2h`` /
 ``copy.h2d`` entries.
 
-It runs on real or fake tensors alike; the step-time model traces the step on fake tensors
-(:func:`ckptbench.theory.optrace.trace_case`), so nothing is allocated and nothing is timed here.  The
-signature is plain JSON (:func:`signature`), so a trace can be stored, compared and replayed by
-:mod:`.oprates` on real tensors of the same shapes.
+It runs on real or fake tensors alike; the roofline (:mod:`ckptbench.theory.roofline`) traces the step on
+fake tensors (:func:`ckptbench.theory.optrace.trace_case`), so nothing is allocated and nothing is timed
+here.  The signature is plain JSON (:func:`signature`), so a trace can be stored and compared.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from __future__ import annotations
 import json
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from .flops import PHASES, FlopCounter
@@ -32,13 +28,11 @@ from .flops import PHASES, FlopCounter
 ALIASING = frozenset({"aten._unsafe_view", "aten.detach", "aten.alias", "aten.lift_fresh", "aten._reshape_alias"})
 ATTENTION = ("aten._scaled_dot_product", "aten._flash_attention", "aten._efficient_attention",
              "aten._cudnn_attention")
-# scalars some kernels take a shortcut for (pow by 2 or 0.5, a multiply by 1 or 0 ...): kept in the key
-SPECIAL_FLOATS = frozenset({0.0, 0.5, 1.0, 2.0, 3.0, -0.5, -1.0, -2.0, -3.0})
 
 
 def tensor_meta(t: torch.Tensor) -> list:
-    """``["T", shape, stride, dtype]``: what a replay needs to make a tensor laid out the same way (on the
-    device it is replayed on; an op between two devices is a ``copy``, priced by the link, never replayed)."""
+    """``["T", shape, stride, dtype]``: a tensor's layout, as an entry's key names it (not its device: an op
+    between two devices is a ``copy``, priced by the link)."""
     return ["T", list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch.")]
 
 
@@ -50,9 +44,9 @@ def _value(x):
     if x is None or isinstance(x, (bool, int, str)):
         return x
     if isinstance(x, float):
-        # a value no kernel treats specially (AdamW's step size, a softmax scale) changes from step to step
-        # and costs the same: one key for all of them
-        return x if x in SPECIAL_FLOATS else ["float", "other"]
+        # a scalar's value (AdamW's step size, a softmax scale) changes from step to step and costs the
+        # same: one key for all of them
+        return ["float"]
     if isinstance(x, torch.dtype):
         return ["dtype", str(x).removeprefix("torch.")]
     if isinstance(x, torch.device):
@@ -92,8 +86,7 @@ def kind_of(name: str, flops: int, func=None) -> str:
 
 class OpRecorder(FlopCounter):
     """Counts each distinct (op, signature) per phase, and FLOPs per phase as :class:`.flops.FlopCounter`
-    does (it is one, so the memory step's counter records the trace at no extra pass); ``phase`` is set
-    by the step being traced."""
+    does (it is one); ``phase`` is set by the step being traced."""
 
     def __init__(self, sequence: bool = False) -> None:
         super().__init__()
@@ -107,11 +100,11 @@ class OpRecorder(FlopCounter):
             return "recompute"
         return self.phase
 
-    def _entry(self, key: str, op: str, kind: str, flops: int, nbytes: int, fresh: int = 0) -> dict:
+    def _entry(self, key: str, op: str, kind: str, flops: int, nbytes: int) -> dict:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = {"key": key, "op": op, "kind": kind, "flops": flops, "bytes": nbytes,
-                                         "fresh_bytes": fresh, "counts": dict.fromkeys(PHASES, 0)}
+                                         "counts": dict.fromkeys(PHASES, 0)}
         return entry
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -134,10 +127,7 @@ class OpRecorder(FlopCounter):
             spans = [spanned_bytes(t) for t in tensors]
             # a copy between devices is priced by the bytes that cross the link: its payload, once
             nbytes = 0 if kind == "view" else max(spans, default=0) if kind == "copy" else sum(spans)
-            read = {StorageWeakRef(t.untyped_storage()).cdata for t in inputs}
-            fresh = 0 if kind in ("view", "copy") else sum(
-                spanned_bytes(t) for t in outputs if StorageWeakRef(t.untyped_storage()).cdata not in read)
-            entry = self._entry(key, str(func), kind, flops, nbytes, fresh)
+            entry = self._entry(key, str(func), kind, flops, nbytes)
         entry["counts"][phase] += 1
         if self.calls is not None:
             self.calls.append(key)
@@ -160,10 +150,3 @@ class OpRecorder(FlopCounter):
     def trace(self) -> list[dict]:
         """The entries, in the order they first ran."""
         return list(self.entries.values())
-
-    def kernel_calls(self) -> int:
-        """The calls recorded so far that run a kernel (every one but a view's), all phases."""
-        return sum(sum(e["counts"].values()) for e in self.entries.values() if e["kind"] != "view")
-
-    def result(self) -> dict:
-        return {**super().result(), "op_trace": self.trace()}

@@ -12,8 +12,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .heapfaults import minor_faults
-
 
 def nearest_rank(ordered: list[float], q: float) -> float:
     """The q-quantile of sorted values by the nearest-rank method: with few steps, p90 is the slowest of
@@ -45,9 +43,7 @@ class StepStats:
 
 class CpuTimer:
     """Wall time per step, and beside it the CPU time of the thread that ran it (with one torch thread, all
-    of the step's work: a shared machine's other processes make the wall time longer, not this one) and
-    the process's minor page faults (what the step-time model's heap-fault replay is checked against:
-    :mod:`.heapfaults`)."""
+    of the step's work: a shared machine's other processes make the wall time longer, not this one)."""
 
     kind = "perf_counter"
 
@@ -55,20 +51,14 @@ class CpuTimer:
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._cpu: list[list[float]] = []
-        self._faults: list[list[int]] = []
 
     def start(self) -> None:
-        self._faults.append([minor_faults()])
         self._cpu.append([time.thread_time()])
         self._starts.append(time.perf_counter())
 
     def stop(self) -> None:
         self._ends.append(time.perf_counter())
         self._cpu[-1].append(time.thread_time())
-        self._faults[-1].append(minor_faults())
-
-    def faults(self) -> list[int]:
-        return [pair[1] - pair[0] for pair in self._faults if len(pair) == 2]
 
     def times(self) -> list[float]:
         return [e - s for s, e in zip(self._starts, self._ends)]
@@ -102,9 +92,6 @@ class CudaTimer:
 
     def cpu_times(self) -> list[float]:
         return []  # the step's work is the GPU's
-
-    def faults(self) -> list[int]:
-        return []
 
 
 def timer_for(device_type: str):

@@ -133,7 +133,7 @@ def plan_page(plan: dict) -> str:
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
             "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>" + left_out
             + f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"
-            + (f"<p>Step time: each op of the traced step priced at {escape(str(timed))}</p>" if timed
+            + (f"<p>Step time: {escape(str(timed))}</p>" if timed
                else "<p>Step time: none predicted (no setting fits).</p>") + f"<ul>{sources}</ul>"
             "<p>Predicted, not measured: <code>ckptbench plan --verify</code> or a sweep with "
             "<code>--plan</code> measures it.</p></body></html>")

@@ -45,24 +45,18 @@ def start_fork_server() -> None:
 
 
 def ensure_server(armed: bool = False) -> None:
-    """Start the fork server if it is not running; `armed`: to die with this process (main thread only).
-    Started here, it has the workers' malloc log preloaded (:mod:`ckptbench.measure.malloclog`: built once
-    per source; nothing is preloaded without a C compiler, or where ``LD_PRELOAD`` is set already), and so
-    has every worker it forks."""
+    """Start the fork server if it is not running; `armed`: to die with this process (main thread only)."""
     from multiprocessing import forkserver
 
-    from ..measure.malloclog import build, preload_env
-
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    added = {SERVER_PARENT_VAR: str(os.getpid())} if armed else {}
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None and "LD_PRELOAD" not in os.environ:
-        preload_env(added, build()[0])
-    os.environ.update(added)
+    if not armed:
+        forkserver.ensure_running()
+        return
+    os.environ[SERVER_PARENT_VAR] = str(os.getpid())
     try:
         forkserver.ensure_running()
     finally:
-        for name in added:
-            os.environ.pop(name, None)
+        os.environ.pop(SERVER_PARENT_VAR, None)
 
 
 def _by_name(module: str, name: str, args: tuple):

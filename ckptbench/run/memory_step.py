@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..measure.flops import FlopCounter
 from ..measure.memory import probe_for
-from ..measure.optrace import OpRecorder
 from ..measure.saved import LayerProbe, SavedTensorCounter
 from ..measure.storage import StorageSerials
 
@@ -33,7 +33,7 @@ class MemoryStepMarks:
         param_keys = {serials(p) for p in model.parameters()}
         self.layer_probe = LayerProbe(serials, self.layers, on_phase=self.probe.set_phase, on_mark=self.probe.mark)
         self.counter = SavedTensorCounter(serials, param_keys, layer_of=lambda: self.layer_probe.current)
-        self.flops = OpRecorder()  # FLOPs per phase, and every op with its shapes (the step's op trace)
+        self.flops = FlopCounter()  # FLOPs per phase, recomputation included
         self.micro = 0
         self.layer_probe.__enter__()
         self.probe.start()
@@ -83,12 +83,6 @@ class MemoryStepMarks:
                 self.probe.stop()
             finally:
                 self.layer_probe.__exit__(None, None, None)
-
-    def allocations(self) -> list[int] | None:
-        """The step's CPU allocator events' bytes in order (+ allocated, − freed), for the step-time model's
-        heap-fault replay (:mod:`ckptbench.measure.heapfaults`); None on CUDA."""
-        meter = getattr(self.probe, "allocator", None)
-        return meter.sequence if meter is not None else None
 
     def result(self) -> dict:
         out = self.probe.result().to_dict()

@@ -163,6 +163,27 @@ def _load_now(result: dict) -> dict:
     return env
 
 
+def step_time_prediction(case: Case, earlier: list[dict], out_dir: str) -> dict:
+    """The step-time model's prediction for a point that ran (:func:`ckptbench.theory.steptime.predict`), from
+    the run's points recorded before it, at the pinned link a calibration in the run's directory measured
+    (``calibration.json``, as ``ckptbench calibrate`` writes it; else the model's assumed link)."""
+    from ..theory.steptime import predict
+    from .calibration import read_calibration
+
+    link = None
+    if case.device == "cuda":
+        try:
+            cal = read_calibration(os.path.join(out_dir, "calibration.json"), verify=True)
+        except UsageError:
+            cal = {}
+        links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
+        link = min(links) if links else None
+    try:
+        return predict(case, earlier, link)
+    except Exception as exc:  # the prediction never costs the point its record
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate=None, repeat: int = 0,
                 repeats: int = 1) -> dict:
     record = {
@@ -180,6 +201,9 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": {**machine_environment(host_env, result.get("device_env", {})), **_load_now(result)},
     }
+    steps = (record["measurement"].get("steps_wall_s") or {}).values()
+    if record["wall_s"] and sum(steps) > 0:  # the whole point (fork, build, probes, record) over its steps
+        record["harness_ratio"] = record["wall_s"] / sum(steps)
     if result.get("host_memory"):
         record["host_memory"] = result["host_memory"]  # what the sweep saw of a worker that was stopped or killed
     if annotate is not None:
@@ -278,6 +302,8 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
         if result.get("baseline_rss_bytes"):
             baseline[0] = max(baseline[0], result["baseline_rss_bytes"])
         _judge_budget(result, suite.memory_budget_bytes)
+        if result.get("status") == "ok" and case.world_size == 1:  # from the run's other points, never its own
+            result["measurement"]["step_time_model"] = step_time_prediction(case, recorded + records, options.out_dir)
         record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
         record["attempt"] = attempts.get((case.id, repeat), 1)
         record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
 from ..measure.interval import median_interval, record_fields
+from ..measure.layertime import LayerClock
 from ..measure.steps import StepLosses, step_probe_for
 from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
@@ -39,7 +40,6 @@ from .faults import Fault
 from .hostmem import human_bytes, limit_private_memory, resident_bytes
 from .lifeline import die_with_parent, let_the_fork_server_go, self_timeout
 from .memory_step import MemoryStepMarks
-from .raterounds import RateRounds
 
 
 def _memory_step(case: Case, model, optimizer, batch, layers: list) -> dict:
@@ -60,7 +60,7 @@ class StepSchedule:
     can be (a loop that must say so in advance, Trainer's ``max_steps``, stops early on :attr:`done`)."""
 
     def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None,
-                 time_left_s: float | None = None):
+                 time_left_s: float | None = None, model=None):
         t = case.train
         self.rule = StopRule.of(t, device.type, time_left_s)
         self.warmup, self.memory = t.warmup_steps, t.memory_steps
@@ -77,10 +77,13 @@ class StepSchedule:
         self.stopped_by: str | None = None  # "precision" | "max_steps" | "max_time", once timing stops
         self.timed_s = 0.0  # host seconds from the first timed step to the last read of the times
         self._t_timed: float | None = None
-        # op rates, framework (run/raterounds.py); rounds beyond their share end within half the time left, the
-        # timed steps having the other half (StopRule.of)
-        deadline = time.perf_counter() + time_left_s / 2 if time_left_s is not None else None
-        self.rounds = RateRounds(device.type, self.rule, case, deadline)
+        # each decoder layer's forward, timed in place during the timed steps (the step-time model's baseline);
+        # a compiled point's layers run inside inductor's graphs, where hooks would break them
+        self.clock = None if case.compiled or not layers else LayerClock(layers, device, model)
+        # host seconds each kind of step took, start to end (a CUDA step's queue drained at its end): the
+        # point's steps, against which the harness's cost (the record's `harness_ratio`) is stated
+        self.steps_s = {"warmup": 0.0, "memory": 0.0, "timed": 0.0}
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else None
 
     def __iter__(self):
         k = 0
@@ -97,6 +100,7 @@ class StepSchedule:
 
     def begin(self, k: int) -> None:
         kind = self.kind(k)
+        self._t_begin = time.perf_counter()
         if kind != self._window:
             self._close()
             self._window = kind
@@ -105,7 +109,8 @@ class StepSchedule:
         if kind != "memory":
             self.steps.before_step()
         if kind == "timed":
-            self.rounds.before_step()  # the first timed step's mallocs logged, outside its timer
+            if self.clock is not None:
+                self.clock.start()
             self.timer.start()
             self._t_step = time.perf_counter()
             if self._t_timed is None:
@@ -113,6 +118,9 @@ class StepSchedule:
 
     def end(self, k: int, loss) -> None:
         kind = self.kind(k)
+        if self._sync is not None and kind != "timed":  # the timed steps' timer reads its events instead
+            self._sync()
+        self.steps_s[kind] += time.perf_counter() - self._t_begin
         if kind == "timed":
             fault = self.fault
             if fault is not None and fault.kind == "slow":
@@ -120,10 +128,10 @@ class StepSchedule:
             if fault is not None and fault.kind == "slower":  # this step, `fraction` longer (CPU: no sync needed)
                 time.sleep(fault.fraction * (time.perf_counter() - self._t_step))
             self.timer.stop()
-            self.rounds.after_step()
+            if self.clock is not None:
+                self.clock.stop()
         if kind == "memory":
             self.mem = self.marks.result()
-            self.rounds.use(self.mem.get("op_trace"), self.marks.allocations())
         else:
             self.steps.after_step()
             self.losses.append(loss)
@@ -132,10 +140,7 @@ class StepSchedule:
             if self.rule.due(n):  # on CUDA a synchronise, every few steps (StopRule.check_every)
                 times = self.timer.times()
                 self.timed_s = time.perf_counter() - self._t_timed
-                # the rule's clock is the steps' own: the rate rounds between them are not timed steps
-                self.stopped_by = self.rule.verdict(times, self.timed_s - self.rounds.spent_s)
-            # outside the step's timer, inside the timing window; budgeted by the rule's clock, the steps' own
-            self.rounds.offer(time.perf_counter() - self._t_timed - self.rounds.spent_s, n)
+                self.stopped_by = self.rule.verdict(times, self.timed_s)
 
     def _close(self) -> None:
         if self._window == "timed":
@@ -144,7 +149,6 @@ class StepSchedule:
             self.steps.end()
 
     def finish(self) -> StepStats:
-        self.rounds.close()  # the framework probe's thread ends inside the point's offload context
         self._close()
         self._window = None
         return self.stats
@@ -202,9 +206,12 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         t_ready = time.time()
 
         time_left = timeout_s - (time.time() - t_enter) if timeout_s else None
-        schedule = StepSchedule(case, device, layers, fault, time_left)
+        schedule = StepSchedule(case, device, layers, fault, time_left, model)
         loop.run(schedule)
         stats = schedule.finish()
+        layer_times = schedule.clock.result() if schedule.clock is not None else {}
+        if schedule.clock is not None:
+            schedule.clock.close()
         mem = schedule.mem
         steps = schedule.steps
         timer = schedule.timer
@@ -230,14 +237,14 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "step_time_cv": stats.cv,
         # the CPU time of the stepping thread (CPU points): with one torch thread, the step's own cost
         "step_cpu_times_s": timer.cpu_times(),
-        "step_minor_faults": timer.faults(),  # the process's, per timed step (CPU points)
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,
-        "op_rate_rounds": schedule.rounds.result(),  # for the step-time model (child_main), not the record
+        "layer_times": layer_times,  # each decoder layer's forward in the timed steps: the step-time baseline
         **schedule.timing(),
         "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
                   "timed": len(stats.times_s), "memory_steps_timed": False},
+        "steps_wall_s": schedule.steps_s,  # host seconds of the warm-up, memory and timed steps (the loop's)
         "spawn_s": (t_enter - t_submit) if t_submit else None,
         "setup_s": (t_ready - t_submit) if t_submit else None,
         "model_build_s": t_ready - t_enter,
@@ -250,23 +257,6 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         **reference(case.model),
         "threads": torch.get_num_threads(),
     }
-
-
-def step_time_model(case: Case, rates_dir: str | None, trace: list | None = None,
-                    rounds: dict | None = None) -> dict:
-    """The step-time model's prediction for the point (:func:`.steptime.predict`), made after its steps ran,
-    from the ops its memory step ran (`trace`; traced on fake tensors when there is none) at the rates timed
-    between its timed steps (`rounds`: :class:`.raterounds.RateRounds`); an op no round timed is timed here
-    or taken from `rates_dir`, where the rounds' medians are kept for the sweep's next points and plans.
-    A model that cannot predict the point says why instead, as does a compiled point."""
-    from .steptime import predict
-
-    if case.compiled:
-        return {"error": "a compiled point runs inductor's kernels, not the eager ops the step-time model prices"}
-    try:
-        return predict(case, rates_dir, trace=trace, rounds=rounds)
-    except Exception as exc:  # the prediction never costs the point its measurement
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def simulated_estimate(case: Case) -> dict:
@@ -373,10 +363,7 @@ def child_main(case_dict: dict, result_path: str, log_path: str, t_submit: float
     resident = resident_bytes(os.getpid())
     result: dict = {"status": "ok", "reason": ""}
     try:
-        result["measurement"] = m = measure(case, t_submit, fault, timeout_s)
-        # the sweep's op rates live beside its records: <run>/op-rates (the result file is in <run>/work)
-        rates_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(result_path))), "op-rates")
-        m["step_time_model"] = step_time_model(case, rates_dir, m.pop("op_trace", None), m.pop("op_rate_rounds"))
+        result["measurement"] = measure(case, t_submit, fault, timeout_s)
     except Unsupported as exc:
         result = {"status": "unsupported", "reason": str(exc)}
     except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class

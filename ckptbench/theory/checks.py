@@ -9,11 +9,9 @@ Pure: no torch import, runs in the sweep's parent process.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass
 
 from ..configs import DIM_ALIASES
-from ..finite import finite_number
 from ..spec import DTYPES, Case
 from . import flops
 from .comm import comm_estimate
@@ -288,8 +286,8 @@ PREDICTION_VERDICTS = ("agrees", "off")  # a prediction's verdicts: reported, ne
 
 
 def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
-    """The measured median step time against the step-time model's prediction (:mod:`.steptime`, priced
-    from this machine's op rates; no step was timed to calibrate it): ``agrees`` within `tol`, else ``off``.
+    """The measured median step time against the step-time model's prediction (:mod:`.steptime`: other
+    points' measured steps, transformed; never this point's own): ``agrees`` within `tol`, else ``off``.
     A prediction, not a gate: neither verdict passes or fails the record (:func:`verdict`); ``skip`` when
     either side is missing, with the reason the model gave."""
     model = m.get("step_time_model") or {}
@@ -297,36 +295,8 @@ def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
     if not measured or not predicted:
         return Check("step_time_s", measured, predicted, None, tol, "skip", model.get("error"))
     ratio = measured / predicted
-    note = f"prediction from {model.get('source', 'op rates')}"
-    cpu = m.get("step_cpu_times_s")
-    if cpu:  # what the step cost its thread: the wall time less any wait for a shared core
-        note += f"; the step's CPU time {statistics.median(cpu) / predicted:.3f} of the prediction"
-    note += unreplayed_faults(m, predicted)
+    note = f"prediction from {model.get('source', 'measured baselines')}"
     return Check("step_time_s", measured, predicted, ratio, tol, PREDICTION_VERDICTS[abs(ratio - 1) > tol], note)
-
-
-UNREPLAYED_SHARE = 0.02  # unreplayed faults worth less than this share of the prediction go unmentioned
-
-
-def unreplayed_faults(m: dict, predicted: float) -> str:
-    """What the step check's note says of page faults the timed steps took (their median count,
-    ``step_minor_faults``) beyond those the replay of the step's allocations made (``heap_faults_replayed``),
-    at the fault's measured price: glibc giving its heap's top back and the step mapping it again, which
-    the replay does not reproduce and the prediction therefore leaves out (docs/step-time-model.md).  An
-    explanation beside the check, never part of the prediction: the counts are the timed steps' own.  ""
-    when they are under :data:`UNREPLAYED_SHARE` of the prediction or a figure is missing."""
-    model = m.get("step_time_model") or {}
-    counts = [n for n in m.get("step_minor_faults") or [] if finite_number(n) and n >= 0]
-    price, replayed = model.get("fault_price_s"), model.get("heap_faults_replayed")
-    if not counts or not finite_number(price) or price <= 0 or not finite_number(replayed) or replayed < 0:
-        return ""
-    median = statistics.median(counts)
-    beyond = median - replayed
-    if beyond * price < UNREPLAYED_SHARE * predicted:
-        return ""
-    return (f"; the timed steps took a median of {median:,.0f} page faults, {beyond:,.0f} beyond "
-            f"the replay of their allocations: {beyond * price / predicted:.3f} of the prediction at "
-            f"{price * 1e6:.2f} us a fault, which it leaves out (glibc trimming its heap)")
 
 
 def offload_kind_check(case: Case, m: dict) -> Check:

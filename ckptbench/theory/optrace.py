@@ -1,4 +1,4 @@
-"""The operators one training step of a Case runs, traced on fake tensors: what the step-time model prices.
+"""The operators one training step of a Case runs, traced on fake tensors: what the datasheet roofline prices.
 
 The same machinery as the memory simulation (:mod:`.simulate`): the real transformers model built on
 ``meta`` and materialised inside ``FakeTensorMode``, the loop's optimizer with its state made as the

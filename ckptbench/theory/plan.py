@@ -3,9 +3,11 @@
 For each strategy (no checkpointing; every distinct set of checkpointed layers that ``every_n_layers``
 = 1…L gives; each with and without offload) the planner finds, by bisection over the estimated peak,
 the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
-then predicts the step time at that batch from the ops the step runs (:mod:`.steptime`: the step traced,
-recompute and offload copies included, each op priced at the rates measured on this machine, or at the
-card's datasheet rates when it is not here, :mod:`.plantime`), plus the collectives of data parallel ranks.
+then predicts the step time at that batch: on this machine (or on the card, when the plan runs on it)
+from baseline steps measured here and transformed by the step-time model (:mod:`.steptime`: recomputed
+layers' measured forward, offload's copies at the link; the caller's timer), on a card that is not here
+from its roofline (:mod:`.plantime`: the traced step's ops at the datasheet's rates, a lower bound), plus
+the collectives of data parallel ranks.
 The recommendation is the highest predicted tokens/s that fits, so a larger batch wins only where it
 really is faster per token.  With
 ``layer_sets`` the strategies also hold, for each count of layers no ``every_n_layers`` checkpoints, the
@@ -181,7 +183,7 @@ def _largest(make, a: Assumptions, hi: int, predict) -> int:
 
 def default_timer(a: Assumptions):
     """The step times a plan gets when its caller gives none: a card's datasheet rates (a CPU plan is
-    timed by the caller, with the rates measured here: :class:`ckptbench.run.steptime.MeasuredTimer`)."""
+    timed by the caller, with the rates measured here: :class:`ckptbench.run.baselines.MeasuredTimer`)."""
     if a.device != "cuda":
         return None
     return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)

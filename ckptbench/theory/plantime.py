@@ -11,7 +11,7 @@ Tracing each full step would cost seconds per candidate; the step's ops make tha
 - **Batch** (datasheet pricing only).  At a fixed sequence length every call's FLOPs and bytes are affine
   in the batch (each tensor has a batch dimension or none), so the calls of the step at batch 2 and 3,
   matched one to one, give every call's FLOPs and bytes at any batch; each is priced as
-  :func:`.steptime.entry_seconds` prices it.  (Batch 1 runs two cheap ops fewer, an ``expand`` and a
+  :func:`.roofline.entry_seconds` prices it.  (Batch 1 runs two cheap ops fewer, an ``expand`` and a
   ``clone`` of one layer's keys, that torch skips for a single sequence: priced from 2 and 3, it keeps
   them.)  Measured rates are per shape and need the real batch's trace.
 """
@@ -22,7 +22,7 @@ import functools
 from dataclasses import replace
 
 from ..spec import Case, Recompute
-from .steptime import Rates, datasheet_rates, entry_seconds
+from .roofline import Rates, datasheet_rates, entry_seconds
 
 DIRECT_LAYERS = 2
 
@@ -100,7 +100,7 @@ def priced(case: Case, rates: Rates) -> float:
     if calls is None:
         entries, order = _recorded(case)
         calls = [entries[k] for k in order]
-    return sum(entry_seconds(c, rates)[0] for c in calls)
+    return sum(entry_seconds(c, rates) for c in calls)
 
 
 class DatasheetTimer:

@@ -1,177 +1,224 @@
-"""A step's time, priced op by op: the traced step's operators at the rates this device was measured at.
+"""A setting's step time, from a measured step of the same workload on the same machine, transformed.
 
-The step's op trace (:mod:`ckptbench.measure.optrace`: recorded on the real step, or on fake tensors by
-:mod:`.optrace`) holds every aten op it dispatches, forward, backward
-(the recomputation of checkpointed layers included, as torch runs it, early stop and all), the optimizer
-step and, for an offloaded CUDA step, the host↔device copies, grouped into distinct (op, shapes, dtypes)
-entries with their counts.  Each entry is priced by a :class:`Rates` table:
+A baseline is a point that ran: its median step and each decoder layer's forward, timed in place during
+its timed steps (:mod:`ckptbench.measure.layertime`: CUDA events on a GPU, the wall clock on a CPU).  A
+point of the same model and setup is predicted from baselines other than itself:
 
-- an entry the device timed (:mod:`ckptbench.measure.oprates`: the op replayed on tensors of the same
-  layout, median of a few trials) costs what it was timed at; a memory-bound one (element-wise, reduction,
-  copy) at least what its traffic beyond the caches takes: timed back to back its tensors sit in the
-  cache, in the step they were written long before and come from memory.  That floor has two measured
-  parts: every byte it spans at the rate an in-place op reads and writes back a buffer beyond the caches,
-  and every byte it writes fresh (an output sharing no storage with an input) once more, at what a copy
-  pays beyond that for its destination (a write-allocate cache reads a line before it is written).  Where
-  the in-place rate was not measured, the bytes it spans over the copy bandwidth;
-- a view (an op that returns an alias and moves nothing) costs the dispatcher's own per-call time on a
-  CPU; on a GPU it launches no kernel, and its host time is the framework's;
-- an entry nobody timed is modelled: FLOPs over the matmul rate for a matmul or attention kernel, bytes
-  it spans over the memory bandwidth otherwise, host↔device copies over the link, and never less than
-  a kernel launch on a GPU;
+- **Same batch and sequence** (any strategy): a step is ``T₀ + r·c + o`` for c checkpointed layers, r
+  what recomputing one layer costs and o offload's copies.  Where the target's c lies between the counts
+  of the baselines at this shape (two or more different ones), T₀ and r are fitted to their steps (least
+  squares): r is then measured whole, checkpoint's own bookkeeping included.  Beyond them (or with one
+  count), the nearest count's steps plus r = each layer's forward as the baselines measured it
+  (non-reentrant checkpoint stops recomputing after the last saved tensor, a few element-wise ops short
+  of the whole forward).  Transformers' offload costs its copies at the link, on the compute stream
+  (nothing overlaps them); streamed offload only what one layer's compute cannot hide of each layer's
+  copies (out during the next layer's forward, back during the backward above, about two forwards); on a
+  CPU nothing is copied (the host is the device).
+- **Other batches or sequences**: each baseline brought back to no checkpointing as above, its step and
+  its mean layer forward fitted over the measured (batch, seq) by a non-negative least-squares model in
+  tokens plus attention's quadratic term (``a + c₁·b·s + c₂·b·s²``), then transformed to the target at
+  its batch and sequence; only between measured shapes (three or more, around the target's tokens and
+  sequence), never beyond them.
 
-on a CPU the step also pays for the page faults its allocations take beyond those its ops' timings
-already took (:mod:`ckptbench.measure.heapfaults`: the step's allocations replayed, each fault at its
-measured price), and every op pays the framework's time per op (Python, autograd's graph and engine, module
-hooks, checkpoint's bookkeeping: what a step spends beside its kernels, measured on the same
-architecture shrunk until its kernels cost nothing, and between a point's steps with the point's traffic
-read between its modules: :mod:`ckptbench.measure.cachescrub`).  A GPU runs asynchronously: there the step
-takes the longer of the host's time and the kernels' (:attr:`Rates.host_bound`).
-
-Without the device (planning a GPU from a CPU), :func:`datasheet_rates` prices every entry from the
-card's datasheet peak FLOP/s and memory bandwidth: an optimistic figure (no kernel reaches its
-datasheet rate), labelled as such wherever it is shown.  Pure: no torch import.
+Nothing here times an operator alone or reads the point it predicts.  A selective-checkpointing (SAC)
+point is predicted only from baselines of the same policy (what it recomputes is the policy's share of
+the forward, which no plain baseline measured); a compiled or multi-rank point is not predicted.  Pure:
+no torch import (the fit uses scipy).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import statistics
+from dataclasses import dataclass
 
-from .flops import peak_flops
-
-# HBM bandwidth by device-name substring, bytes/s (vendors' datasheets; first match wins, as PEAK_FLOPS)
-DATASHEET_BANDWIDTH: tuple[tuple[str, float], ...] = (
-    ("H200 NVL", 4.8e12),
-    ("H200", 4.8e12),
-    ("H100 PCIe", 2.0e12),
-    ("H100", 3.35e12),
-    ("A100-SXM4-40GB", 1.555e12),
-    ("A100", 2.039e12),
-    ("L40S", 864e9),
-    ("RTX 4090", 1008e9),
-)
-LAUNCH_S = 4e-6  # a CUDA kernel's launch, the floor of any kernel's time (an assumption, not a datasheet figure)
-HOST_LINK_BYTES_PER_S = 20e9  # pinned host<->device copies, each way, until measured
+from ..finite import finite_number
+from ..spec import Case
+from .roofline import HOST_LINK_BYTES_PER_S
 
 
-@dataclass
-class Rates:
-    """What an entry costs on one device: timed entries by key, and the rates that model the rest."""
-
-    device: str  # cpu | cuda
-    source: str  # "measured here at <time>" | "datasheet <card> <dtype>"
-    per_call_s: dict = field(default_factory=dict)  # entry key -> seconds per call, timed on the device
-    dispatch_s: float = 0.0  # a view's cost: the dispatcher serving an alias
-    framework_s_per_op: float = 0.0  # host time per dispatched op beside the kernels (CPU)
-    matmul_flops_per_s: float | None = None
-    bandwidth_bytes_per_s: float | None = None  # a copy's, source plus destination bytes over its time
-    inplace_bytes_per_s: float | None = None  # an in-place op's, its bytes read plus written back
-    link_bytes_per_s: float | None = None  # host<->device, for copies nobody timed
-    fault_s: float = 0.0  # a minor page fault (CPU), measured
-    launch_s: float = 0.0  # the floor of a modelled kernel (CUDA)
-    # CUDA: the host runs ahead of the kernels, so the step is the longer of the two, not their sum
-    host_bound: bool = False
-    notes: dict = field(default_factory=dict)  # figure -> where it comes from
+def group_key(case: Case) -> str:
+    """What a baseline must share with the point it predicts: everything but the batch, the sequence and
+    the strategy (which layers are checkpointed, how, and offload)."""
+    d = case.to_dict()
+    for key in ("batch_size", "seq_len", "every_n_layers", "offload", "recompute", "local_sgd_steps"):
+        d.pop(key, None)
+    train = dict(d.get("train") or {})
+    d["train"] = {"threads": train.get("threads")}
+    d.pop("data", None)
+    return json.dumps(d, sort_keys=True)
 
 
-@dataclass
-class StepCost:
-    seconds: float
-    kernel_s: float
-    framework_s: float
-    ops: int
-    distinct: int
-    modelled: int  # entries priced from FLOPs or bytes, not timed
-    by_kind: dict
-    by_phase: dict
-    source: str
-    heap_faults: float = 0.0  # page faults priced beside the ops (see step_cost)
-    fault_s: float = 0.0  # their seconds, in `seconds`
+@dataclass(frozen=True)
+class Baseline:
+    """A measured point, as the model uses it."""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    case: Case
+    step_s: float
+    forward_s: tuple[float, ...]  # each decoder layer's forward, median over the timed steps
+    case_id: str
 
+    @classmethod
+    def of(cls, record: dict) -> Baseline | None:
+        """The baseline a record gives, or None (a failed point, no layer times, a compiled or multi-rank one)."""
+        if record.get("status") != "ok":
+            return None
+        m = record.get("measurement") or {}
+        times = (m.get("layer_times") or {}).get("forward_s")
+        step = m.get("step_time_median_s")
+        if not isinstance(times, list) or not times or not finite_number(step) or step <= 0:
+            return None
+        if not all(finite_number(t) and t >= 0 for t in times):
+            return None
+        try:
+            case = Case.from_dict(record["case"])
+        except Exception:  # a case that does not read back as one: never a baseline
+            return None
+        if case.compiled or case.world_size > 1 or len(times) != case.model.layers:
+            return None
+        return cls(case, float(step), tuple(float(t) for t in times), record.get("case_id", case.id))
 
-def entry_seconds(entry: dict, rates: Rates) -> tuple[float, bool]:
-    """(seconds per call of the entry, whether it was modelled rather than timed)."""
-    kind = entry["kind"]
-    if kind == "view":  # host time alone: on a GPU the framework's, beside the kernels
-        return (0.0 if rates.host_bound else rates.dispatch_s), False
-    timed = rates.per_call_s.get(entry["key"])
-    if timed is not None:
-        if kind == "memory" and rates.bandwidth_bytes_per_s:
-            # timed back to back its tensors sit in the cache; in the step they were written long before
-            return max(timed, memory_floor(entry, rates)), False
-        return timed, False
-    if kind == "copy":
-        if rates.device != "cuda":
-            return 0.0, False  # a host tensor "copied" to the host is the tensor itself
-        link = rates.link_bytes_per_s or HOST_LINK_BYTES_PER_S
-        return entry["bytes"] / link, True
-    seconds = 0.0
-    if kind in ("matmul", "attention") and rates.matmul_flops_per_s:
-        seconds = entry["flops"] / rates.matmul_flops_per_s
-    if rates.bandwidth_bytes_per_s:
-        seconds = max(seconds, memory_floor(entry, rates))
-    return max(seconds, rates.launch_s) + rates.dispatch_s, True
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.case.batch_size, self.case.seq_len
 
 
-def memory_floor(entry: dict, rates: Rates) -> float:
-    """The least a memory-bound entry takes with its tensors beyond the caches (see the module's text): its
-    bytes at the in-place rate, plus its fresh bytes at the copy's write-allocate price (a copy of n bytes,
-    2n spanned and n fresh, takes 2n over the copy bandwidth: each fresh byte costs 2/copy - 2/in-place);
-    its bytes over the copy bandwidth where the in-place rate or the fresh bytes are not known."""
-    copy, inplace, fresh = rates.bandwidth_bytes_per_s, rates.inplace_bytes_per_s, entry.get("fresh_bytes")
-    if not inplace or fresh is None:
-        return entry["bytes"] / copy
-    return entry["bytes"] / inplace + fresh * max(0.0, 2 / copy - 2 / inplace)
+def layer_bytes(case: Case) -> int:
+    """Bytes one checkpointed layer's offload moves each way: its input hidden states (b × s × h)."""
+    return case.batch_size * case.seq_len * case.model.hidden * case.model.bytes_per_element
 
 
-def step_cost(entries: list[dict], rates: Rates, heap_faults: float = 0.0) -> StepCost:
-    """The step's predicted seconds: every entry's calls at its price, plus the framework's time per op,
-    plus `heap_faults` (page faults the step takes beyond its ops' timings, on a CPU) at the fault's price."""
-    kernel = 0.0
-    ops = modelled = 0
-    by_kind: dict[str, float] = {}
-    by_phase: dict[str, float] = {}
-    for e in entries:
-        per, guessed = entry_seconds(e, rates)
-        modelled += guessed
-        for phase, n in e["counts"].items():
-            if not n:
-                continue
-            ops += n if e["kind"] != "copy" else 0
-            seconds = n * per + (n * rates.framework_s_per_op if e["kind"] != "copy" else 0.0)
-            by_phase[phase] = by_phase.get(phase, 0.0) + seconds
-            by_kind[e["kind"]] = by_kind.get(e["kind"], 0.0) + n * per
-            kernel += n * per
-    framework = ops * rates.framework_s_per_op
-    faults = 0.0 if rates.host_bound else heap_faults * rates.fault_s  # a GPU's host faults beside its kernels
-    seconds = max(kernel, framework) if rates.host_bound else kernel + framework + faults
-    return StepCost(seconds, kernel, framework, ops, len(entries), modelled, by_kind, by_phase, rates.source,
-                    heap_faults, faults)
+def added_s(case: Case, forward_s: tuple[float, ...] | list[float], link_bytes_per_s: float) -> tuple[float, float]:
+    """(recompute seconds, offload seconds) that `case`'s strategy adds to its step without checkpointing,
+    given each layer's forward at its batch and sequence."""
+    layers = case.checkpointed_layers
+    recompute = sum(forward_s[i] for i in layers if i < len(forward_s))
+    if not case.offload or case.device != "cuda" or not layers:
+        return recompute, 0.0
+    copy = layer_bytes(case) / link_bytes_per_s
+    if case.recompute.offload == "streamed":
+        layer = statistics.mean(forward_s) if forward_s else 0.0
+        return recompute, len(layers) * (max(0.0, copy - layer) + max(0.0, copy - 2 * layer))
+    return recompute, 2 * copy * len(layers)
 
 
-def datasheet_bandwidth(device_name: str | None) -> float | None:
-    for key, bandwidth in DATASHEET_BANDWIDTH:
-        if device_name and key.lower() in device_name.lower():
-            return bandwidth
-    return None
+def transformable(case: Case) -> str:
+    """Why `case` cannot be reached by transforming another strategy's step ("" when it can)."""
+    if case.recompute.sac:
+        return "a SAC point recomputes its policy's share of each forward, which no other strategy's step measured"
+    return ""
 
 
-def datasheet_rates(device_name: str | None, dtype: str, link_bytes_per_s: float | None = None,
-                    matmul_flops_per_s: float | None = None) -> Rates | None:
-    """Rates from the card's datasheet (peak FLOP/s in the compute dtype, memory bandwidth), or None when
-    the card is not in the tables.  A measured matmul rate (``ckptbench calibrate`` on that card) replaces
-    the peak where given."""
-    datasheet = (peak_flops(device_name, dtype) or (None,))[0]
-    peak = matmul_flops_per_s or datasheet
-    bandwidth = datasheet_bandwidth(device_name)
-    if not peak or not bandwidth:
+def transformed(target: Case, same: list[Baseline], link_bytes_per_s: float) -> tuple[float, str]:
+    """`target`'s step from baselines at its batch and sequence (see the module's text), and how r was had."""
+    forward = [statistics.mean(t) for t in zip(*(b.forward_s for b in same))]  # each layer, over the baselines
+    per_layer = statistics.mean(forward)
+    # each baseline without its offload's copies, against how many layers it checkpoints
+    points = [(len(b.case.checkpointed_layers), b.step_s - added_s(b.case, forward, link_bytes_per_s)[1])
+              for b in same]
+    counts = sorted({c for c, _ in points})
+    wanted = len(target.checkpointed_layers)
+    offload = added_s(target, forward, link_bytes_per_s)[1]
+    if len(counts) >= 2 and counts[0] <= wanted <= counts[-1]:
+        n = len(points)
+        mc, mt = sum(c for c, _ in points) / n, sum(t for _, t in points) / n
+        slope = sum((c - mc) * (t - mt) for c, t in points) / sum((c - mc) ** 2 for c, _ in points)
+        if slope > 0:  # between steps that checkpoint fewer and more layers: r is theirs
+            scale = slope / per_layer if per_layer > 0 else 1.0
+            recompute = added_s(target, [f * scale for f in forward], link_bytes_per_s)[0]
+            return mt - slope * mc + recompute + offload, "recompute fitted to the steps"
+    # beyond the baselines' counts (or one count only): the nearest count's steps, each layer's measured forward
+    near = min(counts, key=lambda c: (abs(c - wanted), c))
+    plain = statistics.median(t - added_s(b.case, forward, link_bytes_per_s)[0]
+                              for (c, t), b in zip(points, same) if c == near)
+    return plain + added_s(target, forward, link_bytes_per_s)[0] + offload, "recompute = the layers' measured forward"
+
+
+def _fit(points: list[tuple[int, int, float]]):
+    """Non-negative least squares of y over (1, b·s, b·s²), rows weighted by 1/y (relative error); with two
+    points, the two terms that tell them apart.  Returns a function of (b, s)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    def features(b: int, s: int) -> list[float]:
+        return [1.0, float(b * s), float(b * s * s)]
+
+    columns = [0, 1, 2]
+    if len(points) == 2:
+        (b1, s1, _), (b2, s2, _) = points
+        columns = [1, 2] if s1 != s2 and b1 * s1 != b2 * s2 else [0, 1]
+    a = np.array([[features(b, s)[c] / y for c in columns] for b, s, y in points])
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale, np.ones(len(points)))
+    coef = coef / scale
+
+    def f(b: int, s: int) -> float:
+        x = features(b, s)
+        return float(sum(coef[k] * x[c] for k, c in enumerate(columns)))
+
+    return f
+
+
+MIN_FIT_SHAPES = 3  # distinct (batch, seq) a fit needs around the target
+
+
+def fitted(target: Case, bases: list[Baseline], link_bytes_per_s: float) -> float | None:
+    """`target`'s step from baselines at :data:`MIN_FIT_SHAPES` or more other (batch, seq) around it (its
+    tokens and its sequence within theirs): each brought back to no checkpointing, step and mean layer
+    forward fitted over (b, s), transformed to the target.  None where they do not surround it."""
+    by_shape: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for base in bases:
+        plain = base.step_s - sum(added_s(base.case, base.forward_s, link_bytes_per_s))
+        by_shape.setdefault(base.shape, []).append((plain, statistics.mean(base.forward_s)))
+    if len(by_shape) < MIN_FIT_SHAPES:
         return None
-    source = (f"datasheet rates of the {device_name} ({dtype} peak FLOP/s, memory bandwidth; no kernel reaches "
-              "them, so the step times are a lower bound)" if peak == datasheet else
-              f"the {device_name}'s calibrated matmul rate and its datasheet memory bandwidth")
-    return Rates("cuda", source, matmul_flops_per_s=peak, bandwidth_bytes_per_s=bandwidth,
-                 link_bytes_per_s=link_bytes_per_s or HOST_LINK_BYTES_PER_S, launch_s=LAUNCH_S,
-                 notes={"launch_s": "assumed 4 us a kernel"})
+    b, s = target.batch_size, target.seq_len
+    tokens = [x * y for x, y in by_shape]
+    seqs = [y for _, y in by_shape]
+    if not (min(tokens) <= b * s <= max(tokens) and min(seqs) <= s <= max(seqs)):
+        return None  # between measured shapes only: no extrapolation
+    steps = [(b, s, statistics.median(p for p, _ in v)) for (b, s), v in by_shape.items()]
+    layers = [(b, s, statistics.median(f for _, f in v)) for (b, s), v in by_shape.items()]
+    if any(y <= 0 for *_, y in steps + layers):
+        return None
+    forward = [_fit(layers)(b, s)] * target.model.layers
+    return _fit(steps)(b, s) + sum(added_s(target, forward, link_bytes_per_s))
+
+
+def predict(target: Case, records: list[dict], link_bytes_per_s: float | None = None) -> dict:
+    """The step-time model's answer for `target` from `records` (points that ran; the target's own record
+    is never used), as the record keeps it: ``predicted_s`` with its ``method`` and ``baselines``, or
+    ``error`` saying why there is none."""
+    if target.compiled:
+        return {"error": "a compiled point runs inductor's kernels: no eager baseline transforms into it"}
+    if target.world_size > 1:
+        return {"error": "a multi-rank point's step holds its collectives: not predicted from single-rank steps"}
+    link = link_bytes_per_s or HOST_LINK_BYTES_PER_S
+    link_note = "measured" if link_bytes_per_s else "assumed"
+    key = group_key(target)
+    bases = [b for b in (Baseline.of(r) for r in records) if b is not None and b.case_id != target.id
+             and group_key(b.case) == key]
+    why = transformable(target)
+    if why:  # only its own policy's steps know what it recomputes
+        bases = [b for b in bases if b.case.recompute == target.recompute and b.case.offload == target.offload
+                 and b.case.every_n_layers == target.every_n_layers]
+    else:
+        bases = [b for b in bases if not transformable(b.case)]
+    same = [b for b in bases if b.shape == (target.batch_size, target.seq_len)]
+    out = {"link_bytes_per_s": link, "link": link_note if target.offload and target.device == "cuda" else None}
+    if same:
+        value, how = transformed(target, same, link)
+        return {**out, "predicted_s": value, "method": "transformed", "recompute": how,
+                "baselines": [b.case_id for b in same], "baseline_strategies": [b.case.strategy for b in same],
+                "source": f"measured steps of {', '.join(sorted({b.case.strategy for b in same}))} at the same batch "
+                          f"and sequence, transformed ({how})"}
+    value = fitted(target, bases, link)
+    if value is not None:
+        shapes = sorted({b.shape for b in bases})
+        return {**out, "predicted_s": value, "method": "fitted", "baselines": [b.case_id for b in bases],
+                "source": f"fitted over {len(shapes)} measured (batch, seq): "
+                          + ", ".join(f"{b}x{s}" for b, s in shapes)}
+    need = f" ({why})" if why else ""
+    return {**out, "error": "no measured baseline of this model and setup at this batch and sequence, nor "
+                            f"{MIN_FIT_SHAPES} others around it{need}"}

@@ -1,4 +1,4 @@
-"""The op trace the step-time model prices: deterministic, the real step's own, recompute and copies exact."""
+"""The op trace the datasheet roofline prices: deterministic, the real step's own, recompute and copies exact."""
 
 from __future__ import annotations
 
@@ -115,24 +115,26 @@ def test_the_fake_trace_is_the_real_steps_trace(name, every):
         optimizer.zero_grad(set_to_none=True)
     fake = trace_case(case)
     assert _counts(recorder.trace()) == _counts(fake)
-    # the bytes each op writes fresh, too: the fake trace tells storages apart as the real step's tensors are
-    assert {e["key"]: e["fresh_bytes"] for e in recorder.trace()} == {e["key"]: e["fresh_bytes"] for e in fake}
+    # and the FLOPs and bytes of each: the fake tensors are laid out as the real step's
+    assert ({e["key"]: (e["flops"], e["bytes"]) for e in recorder.trace()}
+            == {e["key"]: (e["flops"], e["bytes"]) for e in fake})
 
 
-def test_fresh_bytes_are_the_outputs_that_share_no_storage_with_an_input():
+def test_an_entry_spans_its_inputs_and_outputs_once_each():
     a, b = torch.ones(256, 64), torch.ones(256, 64)  # 64 KiB each
     out = torch.empty(256, 64)
     recorder = OpRecorder()
     with recorder:
         a.mul_(0.37)  # in place: read, then written back
-        a.lerp_(b, 0.37)
+        a.mul_(2.0)  # another scalar, the same entry
         c = a * b  # a new output
-        torch.add(a, b, out=out)  # written without being read, though passed in
+        torch.add(a, b, out=out)  # an out= tensor is an output, counted once
         a.t()  # an alias: no bytes at all
         a[:128].sqrt()  # a new output the size of the half it reads
-    fresh = {e["op"]: (e["bytes"], e["fresh_bytes"]) for e in recorder.trace()}
+        a + torch.ones(64)  # a broadcast operand: its one row
+    spans = {e["op"]: (e["bytes"], sum(e["counts"].values())) for e in recorder.trace()}
     n = 256 * 64 * 4
-    assert fresh["aten.mul_.Tensor"] == (2 * n, 0) and fresh["aten.lerp_.Scalar"] == (3 * n, 0)
-    assert fresh["aten.mul.Tensor"] == (3 * n, n) and fresh["aten.add.out"] == (3 * n, n)
-    assert fresh["aten.t.default"] == (0, 0) and fresh["aten.sqrt.default"] == (n, n // 2)
+    assert spans["aten.mul_.Tensor"] == (2 * n, 2) and spans["aten.mul.Tensor"] == (3 * n, 1)
+    assert spans["aten.add.out"] == (3 * n, 1) and spans["aten.add.Tensor"] == (2 * n + 64 * 4, 1)
+    assert spans["aten.t.default"] == (0, 1) and spans["aten.sqrt.default"] == (n, 1)
     assert c.shape == a.shape

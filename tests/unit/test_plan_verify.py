@@ -1,7 +1,8 @@
-"""`plan --verify` and the plan's step times: predicted from op rates before anything runs, never fitted.
+"""`plan --verify` and the plan's step times: predicted from measured baseline steps before anything runs.
 
-The op rates and the steps are stubbed, so each figure is exact: the plan's timer prices a step at
-``10 ms + 2 ms a sequence``, and the verify steps run 5 % slower than that.
+The baseline steps are stubbed, so each figure is exact: a plain step of L layers at batch b takes
+``10 ms + 2 ms · b · L`` (its one- and two-layer steps are what is measured), each layer's forward
+``1 ms · b``; the verify steps run 5 % slower than the prediction.
 """
 
 from __future__ import annotations
@@ -13,20 +14,30 @@ import types
 import pytest
 
 from ckptbench.cli import main
-from ckptbench.run import steptime, sweep
+from ckptbench.run import baselines, sweep
 from ckptbench.store import records
 
-STAMP = "2026-01-02 03:04:05"
+MEASURED: list = []
 
 
-def _priced(case, directory=None, threads=None, trace=None) -> dict:
-    return {"predicted_s": 0.010 + 0.002 * case.batch_size, "measured_at": [STAMP]}
+def _measure(case) -> dict:
+    MEASURED.append(case)
+    layers, b = case.model.layers, case.batch_size
+    return {"step_s": 0.010 + 0.002 * b * layers, "forward_s": [0.001 * b] * layers}
+
+
+def _priced(case) -> float:
+    """What the plan must predict for `case` from the stub: the plain step at its depth, plus each
+    checkpointed layer's forward (a CPU's offload copies nothing)."""
+    b = case.batch_size
+    return 0.010 + 0.002 * b * case.model.layers + 0.001 * b * len(case.checkpointed_layers)
 
 
 @pytest.fixture
 def measured_here(monkeypatch):
-    """The plan's CPU timer, its op rates stubbed: no microbenchmark runs."""
-    monkeypatch.setattr(steptime, "predict", _priced)
+    """The plan's CPU timer, its baseline steps stubbed: no step runs."""
+    MEASURED.clear()
+    monkeypatch.setattr(baselines, "measure_step", _measure)
 
 
 def _plan(capsys, *flags: str) -> tuple[int, str]:
@@ -35,17 +46,31 @@ def _plan(capsys, *flags: str) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
-def test_a_cpu_plan_says_its_step_times_come_from_op_rates_measured_here_and_when(measured_here, capsys, tmp_path):
-    rc, out = _plan(capsys, "--rates-dir", str(tmp_path))
+def test_a_cpu_plan_times_its_steps_from_baselines_measured_here(measured_here, capsys, tmp_path):
+    rc, out = _plan(capsys, "--baselines-dir", str(tmp_path))
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("step time: "))
-    assert "op rates measured here" in line and STAMP in line and str(tmp_path) in line
-    # tokens/s depend on the batch: 10 ms a step whatever the batch, 2 ms a sequence
+    assert "measured here" in line and "transformed by the step-time model" in line and str(tmp_path) in line
     rows = {x.split()[0]: x.split() for x in out.splitlines() if x.split() and x.split()[0] in ("none", "full")}
-    for name in ("none", "full"):
+    for name, checkpointed in (("none", 0), ("full", 4)):
         batch, step, tokens = int(rows[name][1]), float(rows[name][4]), float(rows[name][5].replace(",", ""))
-        assert step == pytest.approx(0.010 + 0.002 * batch, abs=1e-3)
-        assert tokens == pytest.approx(batch * 64 / (0.010 + 0.002 * batch), rel=1e-2)
+        expected = 0.010 + 0.008 * batch + 0.001 * batch * checkpointed
+        assert step == pytest.approx(expected, abs=1e-3)
+        assert tokens == pytest.approx(batch * 64 / expected, rel=1e-2)
+    # only plain one- and two-layer steps were measured, each once
+    assert {c.model.layers for c in MEASURED} == {1, 2} and not any(c.checkpointed_layers for c in MEASURED)
+    assert len(MEASURED) == len({c.id for c in MEASURED})
+    # the next plan takes them from the directory, measuring nothing again
+    kept = len(MEASURED)
+    assert _plan(capsys, "--baselines-dir", str(tmp_path))[0] == 0
+    assert len(MEASURED) == kept
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"k": {"step_s": "x", "forward_s": []}}',
+                                  '{"k": {"step_s": 1e400, "forward_s": [1]}}', '{"k": {"step_s": 1, "forward_s": [true]}}'])
+def test_a_baselines_file_that_does_not_read_back_is_ignored(tmp_path, text):
+    (tmp_path / "baselines.json").write_text(text)
+    assert baselines.MeasuredTimer(str(tmp_path)).kept == {}
 
 
 def test_a_card_plan_says_its_step_times_are_datasheet_rates(capsys):
@@ -54,7 +79,7 @@ def test_a_card_plan_says_its_step_times_are_datasheet_rates(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("step time: "))
-    assert "datasheet rates of the NVIDIA H100 80GB HBM3" in line and "lower bound" in line
+    assert "roofline: datasheet rates of the NVIDIA H100 80GB HBM3" in line and "lower bound" in line
 
 
 def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(measured_here, tmp_path,
@@ -67,7 +92,7 @@ def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(
 
     def load(out):
         return types.SimpleNamespace(records=[
-            {"case_id": c.id, "status": "ok", "measurement": {"step_time_median_s": 1.05 * _priced(c)["predicted_s"]}}
+            {"case_id": c.id, "status": "ok", "measurement": {"step_time_median_s": 1.05 * _priced(c)}}
             for c in ran])
 
     monkeypatch.setattr(sweep, "run_sweep", run)
@@ -75,10 +100,10 @@ def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"training_efficiency": 0.4, "kept": 1}))  # what an older --verify wrote
     rc, out = _plan(capsys, "--verify", "--out", str(tmp_path / "run"), "--calibration", str(cal),
-                    "--rates-dir", str(tmp_path))
+                    "--baselines-dir", str(tmp_path))
     assert rc == 0 and ran
     assert json.loads(cal.read_text()) == {"training_efficiency": 0.4, "kept": 1}  # read, never written
-    assert "40% in " in out and "not used, step times come from op rates" in out
+    assert "40% in " in out and "not used, step times come from measured baseline steps" in out
     table = out[out.index("predicted vs measured"):]
     assert "none of these points used to predict" in table
     errors = [x.split()[-2] for x in table.splitlines()[2:2 + len(ran)]]
