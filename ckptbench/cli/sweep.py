@@ -159,14 +159,17 @@ def _with_projection(annotate, plan_state: dict):
 
 
 def _took(records: list[dict], elapsed_s: float) -> str:
-    """The sweep's time beside the projection for the points it ran (starting the fork server included)."""
-    from ..theory.duration import FORK_SERVER_S
+    """The sweep's time beside the projection for the points it ran (the sweep's own start included:
+    :func:`~ckptbench.theory.duration.start_seconds`)."""
+    from ..theory.duration import start_seconds
 
-    projected = [r["projected_s"] for r in records if r.get("projected_s") is not None]
-    if not projected:
+    ran = [r for r in records if r.get("projected_s") is not None]
+    if not ran:
         return f"the sweep took {elapsed_s:.1f} s"
-    start = FORK_SERVER_S if any(r["case"]["world_size"] == 1 and r.get("wall_s") for r in records) else 0.0
-    return f"the sweep took {elapsed_s:.1f} s; projected {start + sum(projected):.1f} s for the points it ran"
+    start = start_seconds(any(r["case"]["world_size"] == 1 and r.get("wall_s") for r in ran),
+                          any(r["case"].get("device") == "cuda" for r in ran))
+    projected = start + sum(r["projected_s"] for r in ran)
+    return f"the sweep took {elapsed_s:.1f} s; projected {projected:.1f} s for the points it ran"
 
 
 def _suite(args):

@@ -14,6 +14,11 @@ import sys
 import time
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# the side of the square matmuls timed, by device: 1024 on a CPU (what the CPU reference run's steps are
+# priced against).  A GPU needs a product that fills it: a 1024-sided one is 2 GFLOP, 64 output tiles of
+# 128^2 for the H200's 132 SMs, and measured 116 TFLOP/s there in bf16 against 795 at 8192 (the size
+# `ckptbench calibrate` times), while the training steps of the Llama-1B shape ran at 0.09-0.62 of the latter
+MATMUL_N = {"cpu": 1024, "cuda": 8192}
 
 
 def _sync(device: str) -> None:
@@ -23,11 +28,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def matmul_rate(device: str, dtype: str, threads: int, n: int = 1024, seconds: float = 0.1) -> float:
-    """Achieved FLOP/s of n×n matmuls in `dtype` with `threads` CPU threads (repeated for ~`seconds`)."""
+def matmul_rate(device: str, dtype: str, threads: int, n: int | None = None, seconds: float = 0.1) -> float:
+    """Achieved FLOP/s of n×n matmuls (:data:`MATMUL_N` for the device unless `n` is given) in `dtype` with
+    `threads` CPU threads (repeated for ~`seconds`)."""
     import torch
 
     torch.set_num_threads(threads)
+    n = n or MATMUL_N.get(device, 1024)
     dt = getattr(torch, DTYPES[dtype])
     a = torch.randn(n, n, device=device, dtype=dt)
     b = torch.randn(n, n, device=device, dtype=dt)

@@ -23,11 +23,24 @@ from .checks import (
 )
 from .estimate import estimate_case
 from .meters import agreement, context_bytes, meter_checks
+from .workspaces import capability_major
 
 ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_forward_bytes",
                  "activations_after_forward_bytes", "peak_bytes", "saved_bytes", "checkpointed_input_bytes",
                  "offloaded_bytes", "host_bytes", "peak_phase", "peak_breakdown", "checkpointed_layers",
-                 "recomputed_layers")
+                 "recomputed_layers", "cublas_workspace_bytes")
+
+
+def device_facts(case: Case, record: dict) -> dict:
+    """What the analytic estimate of a CUDA point takes from the record's ``env``: the device's compute
+    capability and the run's ``CUBLAS_WORKSPACE_CONFIG`` (:mod:`.workspaces`).  Facts of the machine the
+    worker ran on, recorded before its step: nothing the step measured.  {} on a CPU, or when the record
+    does not say (the workspaces then go unmodelled, as ``estimate_note`` says)."""
+    env = record.get("env") or {}
+    major = capability_major(env.get("cuda_capability"))
+    if case.device != "cuda" or major is None:
+        return {}
+    return {"cuda_capability": major, "cublas_config": env.get("cublas_workspace_config")}
 
 
 def checkpointed_input_formula(case: Case) -> int:
@@ -100,10 +113,15 @@ def annotate_record(case: Case, record: dict) -> None:
         if not sim:
             record["estimate_reason"] = m.get("simulation_error", "not simulated")
     else:
-        est_obj = estimate_case(case)
+        facts = device_facts(case, record)
+        est_obj = estimate_case(case, **facts)
         full = est_obj.to_dict()
         record["estimate"] = {k: full[k] for k in ESTIMATE_KEYS if k in full}
         record["estimate_source"] = "analytic"
+        if case.device == "cuda" and not facts:
+            record["estimate_note"] = ("cuBLAS workspaces not modelled: the record does not state the device's "
+                                       "compute capability (env.cuda_capability); each thread that multiplies "
+                                       "holds 8,519,680 bytes to 32 MiB the estimate leaves out")
         checks = check(case, m, est_obj)
     if case.world_size == 1:
         checks = [*checks, attention_implementation_check(case, m), *config_checks(m, case.model.dropout),

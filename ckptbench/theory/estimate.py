@@ -20,6 +20,7 @@ from .activations import (
 from .backward import layer_moments
 from .params import optimizer_state_bytes, optimizer_step_bytes, param_count
 from .units import FP32, HALF, INT64
+from .workspaces import cublas_workspace_bytes, step_workspaces
 
 # head terms every layer uses and layer 0's backward releases (:func:`.activations.head_activation_terms`)
 SHARED_HEAD_TERMS = ("rope_cos_sin", "position_ids", "causal_mask")
@@ -58,6 +59,10 @@ class Estimate:
     phases: dict = field(default_factory=dict)  # phase -> {params, grads, optimizer, activations, total}
     autocast: str = ""  # "bf16": bf16-mixed, autocast over the fp32 weights `dtype` names
     offload_kind: str = ""  # "streamed": streamed offload's estimate (else transformers' offload, or none)
+    # CUDA, where the caller named the device's compute capability: the cuBLAS workspaces alive from the
+    # backward on (after a warm-up step, through the forward too), counted in the activations as the
+    # allocator counts them (:mod:`.workspaces`); 0 when not modelled
+    cublas_workspace_bytes: int = 0
     # every moment the walk visits, in step order: (phase, kind, activations, grads); kind is forward,
     # head, boundary (a layer's backward about to start: what is kept below it plus the gradient flowing
     # in), layer, embedding or optimizer.  What :mod:`.fsdp` composes a rank's step from (not in to_dict)
@@ -84,7 +89,8 @@ def gradient_bytes(spec: ModelSpec, autocast: str = "") -> int:
 
 def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              grad_accum: int = 1, device: str = "cpu", autocast: str = "", optimizer: str = "adamw",
-             layers: tuple[int, ...] = (), streamed: bool = False) -> Estimate:
+             layers: tuple[int, ...] = (), streamed: bool = False, cuda_capability: int | None = None,
+             cublas_config: str | None = None, warmed_up: bool = True) -> Estimate:
     """Memory of one training step (pure dtype, no master weights), device side and host side.
 
     After forward: params + optimizer state + activations (grads are None: zeroed with set_to_none).
@@ -114,6 +120,14 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     above the first, the next checkpointed layer's input is prefetched: one more checkpointed input in each
     of those layers' moments.  Unverified on hardware until the GPU suite measures it.  On a CPU nothing
     moves and the estimate is transformers' offload's.
+
+    ``cuda_capability`` (the major number of the device's compute capability) on CUDA: every moment also
+    holds the cuBLAS workspaces the caching allocator counts as allocated (:mod:`.workspaces`: one per
+    thread that multiplies, 32 MiB each on capability 9-12, 8,519,680 bytes below, or as
+    ``cublas_config``, the run's ``CUBLAS_WORKSPACE_CONFIG``, sets them): two after a warm-up step
+    (``warmed_up``), else one through the forward and two from the backward on.  They are part of
+    ``activations_after_forward_bytes`` (the allocator's bytes after the forward beyond the parameters and
+    optimizer state), not of ``saved_bytes``.  None: the tensors alone, as the simulation counts them.
 
     ``autocast="bf16"`` (bf16-mixed, Llama and Qwen2 on a CPU): the forward and loss run under
     ``torch.autocast`` over fp32 weights.  Params, grads and AdamW state stay fp32; what the layers and the
@@ -150,7 +164,11 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     # On a CPU the host *is* the device: offloaded tensors stay in the same memory (save_on_cpu's
     # `tensor.cpu()` returns the tensor itself), so only a CUDA device is relieved of them.
     moved = offloaded if device == "cuda" else 0
-    dev_acts = acts - moved
+    # the cuBLAS workspaces (CUDA, capability known): alive through the forward, and from the backward on
+    cuda_known = device == "cuda" and cuda_capability is not None
+    one = cublas_workspace_bytes(cuda_capability, cublas_config) if cuda_known else 0
+    ws_forward, ws_backward = (one * n for n in step_workspaces(warmed_up))
+    dev_acts = acts - moved + ws_forward
     static = params + state
     after_forward = static + dev_acts
 
@@ -173,6 +191,8 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         logits_tmp += mixed_forward_only_bytes(spec, n_ck) + FP32 * N * h
         logits_tmp -= INT64 * batch * (seq + 1) if batch == 1 else 0
     put("forward", dev_acts + logits_tmp, g0, "forward")
+    acts_after_forward = dev_acts
+    dev_acts += ws_backward - ws_forward  # the backward's thread has its workspace from its first matmul on
     # the loss's backward: nll and log-softmax hold two fp32 N·V gradients beside everything kept
     put("backward-head", dev_acts + 2 * FP32 * N * V - ht["labels"], g0, "head")
     # the LM head's backward: the gradient into the final norm's output (B·N·h) and the head's weight
@@ -222,7 +242,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
     if spec.tie_embeddings:
         put("backward-embedding", a + 2 * V * h * G, g_emb, "embedding")
     # the loop still holds the batch's ids while the optimizer steps
-    put("optimizer", optimizer_step_bytes(pc, B, optimizer, device) + INT64 * N, grads, "optimizer")
+    put("optimizer", optimizer_step_bytes(pc, B, optimizer, device) + INT64 * N + ws_backward, grads, "optimizer")
     parts = {name: {"params": params, "grads": gr, "optimizer": state, "activations": ac,
                     "total": static + ac + gr} for name, (ac, gr) in phases.items()}
     peak_phase = max(parts, key=lambda k: parts[k]["total"])
@@ -231,20 +251,22 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         every_n_layers=every_n_layers, offload=offload, grad_accum=grad_accum, n_params=pc.total,
         params_bytes=params, grads_bytes=grads, optimizer_bytes=state, checkpointed_layers=tuple(ckpt),
         layer_full_bytes=layer_full, checkpointed_input_bytes=checkpointed_input, offloaded_bytes=offloaded,
-        activations_after_forward_bytes=dev_acts, saved_bytes=saved, mem_after_forward_bytes=after_forward,
+        activations_after_forward_bytes=acts_after_forward, saved_bytes=saved, mem_after_forward_bytes=after_forward,
         peak_bytes=parts[peak_phase]["total"], peak_phase=peak_phase,
         peak_breakdown={k: v for k, v in parts[peak_phase].items() if k != "total"},
         host_bytes=offloaded, layer_terms=lt, head_terms=ht, phases=parts, autocast=autocast,
-        offload_kind="streamed" if streamed and offload else "",
+        offload_kind="streamed" if streamed and offload else "", cublas_workspace_bytes=ws_backward,
         moments=tuple(moments),
     )
 
 
-def estimate_case(case: Case) -> Estimate:
-    """The estimate for a sweep point."""
+def estimate_case(case: Case, cuda_capability: int | None = None, cublas_config: str | None = None) -> Estimate:
+    """The estimate for a sweep point; on CUDA with the device's compute capability (its major number) and
+    the run's ``CUBLAS_WORKSPACE_CONFIG``, the cuBLAS workspaces too (:func:`estimate`)."""
     return estimate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                     case.grad_accum, case.device, case.setup.autocast, case.setup.optimizer, case.recompute.layers,
-                    streamed=case.offload and case.recompute.offload == "streamed")
+                    streamed=case.offload and case.recompute.offload == "streamed", cuda_capability=cuda_capability,
+                    cublas_config=cublas_config, warmed_up=case.train.warmup_steps >= 1)
 
 
 def korthikanti_layer_bytes(batch: int, seq: int, hidden: int, heads: int) -> int:

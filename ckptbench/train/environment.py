@@ -10,6 +10,7 @@ offload asks for it), and which checkpointing method this transformers has.  A w
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -48,6 +49,9 @@ def torch_environment(touch_cuda: bool) -> dict:
         "checkpointing_api": checkpointing_api(),
         "device_name": None,
         "device_memory_bytes": None,
+        "cuda_capability": None,  # "major.minor" of device 0: sizes torch's cuBLAS workspaces
+        # as the worker inherits it: sets the cuBLAS workspaces' size when given (theory/workspaces.py)
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "devices": [],
         "pinned_memory": None,
     }
@@ -56,6 +60,7 @@ def torch_environment(touch_cuda: bool) -> dict:
     if cuda:
         props = [torch.cuda.get_device_properties(i) for i in range(env["cuda_devices"])]
         env.update(device_name=props[0].name, device_memory_bytes=props[0].total_memory,
+                   cuda_capability=f"{props[0].major}.{props[0].minor}",
                    devices=[f"cuda:{i} {p.name} ({p.total_memory / 2**30:.1f} GiB)" for i, p in enumerate(props)])
     error = pinned_memory_error()
     env["pinned_memory"] = "available" if error is None else f"unavailable: {error}"
