@@ -72,6 +72,7 @@ print(json.dumps({"wall_s": time.perf_counter() - t0}))
 
 
 def ckptbench_run(out: str) -> tuple[float, list[dict]]:
+    os.makedirs(out, exist_ok=True)
     suite = os.path.join(out, "suite.toml")
     with open(suite, "w") as fh:
         fh.write(SUITE)
