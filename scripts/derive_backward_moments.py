@@ -26,7 +26,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptbench.measure.storage import LiveStorageTracker, track_training_state
-from ckptbench.spec import PRECISIONS, ModelSpec, checkpointed_layers
+from ckptbench.spec.case import ModelSpec
+from ckptbench.spec.setup import PRECISIONS
+from ckptbench.spec.strategy import checkpointed_layers
 from ckptbench.theory import backward
 from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.simulate import _no_packed_sequence_detection, init_adamw_state

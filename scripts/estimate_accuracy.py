@@ -13,7 +13,7 @@ import itertools
 import sys
 from collections import defaultdict
 
-from ckptbench.spec import preset
+from ckptbench.spec.case import preset
 from ckptbench.store.records import load_records
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.simulate import simulate

@@ -4,7 +4,10 @@ simulation of the same step (``python scripts/precision_table.py > table.md``; a
 from __future__ import annotations
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, checkpointing_name, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import PRECISIONS, Setup
+from ckptbench.spec.strategy import checkpointing_name
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.simulate import simulate
 

@@ -18,7 +18,7 @@ import time
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.compare import Thresholds, compare_paths
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 
 def main() -> None:

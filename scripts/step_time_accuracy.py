@@ -51,7 +51,7 @@ def run_model(name: str, index: int, out: str) -> str:
     import dataclasses
 
     from ckptbench.run.sweep import SweepOptions, run_sweep
-    from ckptbench.suite import parse_suite
+    from ckptbench.suite.parse import parse_suite
     from ckptbench.theory.annotate import annotate_record
 
     preset, layers = MODELS[name]
@@ -67,7 +67,7 @@ def held_out(run_dir: str, other_shapes: bool = False) -> list[dict]:
     """Every ok point of the run, predicted from all the others (leave one out); with `other_shapes`, from
     the points at other (batch, seq) alone."""
     from ckptbench.run.calibration import read_calibration
-    from ckptbench.spec import Case
+    from ckptbench.spec.case import Case
     from ckptbench.store.records import load_records
     from ckptbench.theory.steptime import predict
 
@@ -130,7 +130,7 @@ def main() -> int:
     if not runs:
         import torch
 
-        from ckptbench.env import cpu_model
+        from ckptbench.base.env import cpu_model
 
         before = os.getloadavg()
         for name in args.models.split(","):

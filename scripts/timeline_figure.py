@@ -51,7 +51,7 @@ def main() -> None:
     from ckptbench.run.sweep import SweepOptions, run_sweep
     from ckptbench.store.records import load_records
     from ckptbench.store.timelines import Timelines
-    from ckptbench.suite import parse_suite
+    from ckptbench.suite.parse import parse_suite
 
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or tmp

@@ -5,7 +5,7 @@ is ``slow`` when it takes ten seconds or more on two cores and what it checks is
 level, by a test that stays (see docs/troubleshooting.md, "The test suite"); a grid of end-to-end points
 keeps a sample that holds every value of every axis (:func:`covering`) and leaves the rest of the grid slow.
 
-transformers' answers about a model (:mod:`ckptbench.answers`) are kept for the test session in a folder
+transformers' answers about a model (:mod:`ckptbench.sources.answers`) are kept for the test session in a folder
 of the system's temporary directory, never in the user's own cache; the key holds the code's hash, so an
 answer kept by another checkout or an older commit is never reused.
 """

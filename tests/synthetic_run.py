@@ -7,7 +7,7 @@ something to show.  Every record passes :func:`ckptbench.store.validate.record_p
 ``--timelines`` each ok point also has a memory timeline at its 2,000-sample bound in
 ``timelines.jsonl``, as a sweep writes it (the record keeps the pointer).
 
-    python -m tests.synthetic_run OUT_DIR [N] [--seed S] [--timelines] [--template RUN_DIR]
+    python -m tests.synthetic_run OUT_DIR [N] [--seed S] [--timelines] [--template RUN_DIR] [--vary seq|batch|variant]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 
-from ckptbench.spec import Case
+from ckptbench.spec.case import Case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "results", "reference-cpu")
@@ -63,9 +63,19 @@ def _scale_measurement(m: dict, factor: float, rng: random.Random) -> None:
         m["tokens_per_s"] = m["tokens_per_s"] / factor
 
 
-def synthetic_records(n: int, seed: int = 0, fail_every: int = 97, bad_every: int = 211) -> list[dict]:
+VARY = {  # a sweep's shape: what differs from point to point beyond the template's own axes
+    "": lambda case, k: None,
+    "seq": lambda case, k: case.update(seq_len=16 + k),  # a finely stepped long-sequence sweep
+    "batch": lambda case, k: case.update(batch_size=1 + k),
+    "variant": lambda case, k: case["model"].update(hidden=64 + 8 * k),  # a model variant per point
+}
+
+
+def synthetic_records(n: int, seed: int = 0, fail_every: int = 97, bad_every: int = 211,
+                      vary: str = "") -> list[dict]:
     """`n` records with distinct Case ids; every `fail_every`-th has a failing peak check, every
-    `bad_every`-th ended oom or crashed."""
+    `bad_every`-th ended oom or crashed; with `vary` (:data:`VARY`) each a distinct sequence length, batch
+    or model variant."""
     rng = random.Random(seed)
     templates = _templates()
     out, seen = [], set()
@@ -76,6 +86,7 @@ def synthetic_records(n: int, seed: int = 0, fail_every: int = 97, bad_every: in
         case = rec["case"]
         case["train"]["seed"] = i // len(templates)  # the templates' own points, once per seed
         i += 1
+        VARY[vary](case, len(out))
         cid = Case.from_dict(case).id
         if cid in seen:
             continue
@@ -111,13 +122,13 @@ def synthetic_timeline(peak: int, samples: int = 2000) -> dict:
             "marks": marks, "marks_dropped": 0, "max_samples": samples}
 
 
-def write_run(out_dir: str, n: int, seed: int = 0, timelines: bool = False) -> str:
+def write_run(out_dir: str, n: int, seed: int = 0, timelines: bool = False, vary: str = "") -> str:
     """Write `n` synthetic records (and the reference suite file) into `out_dir`, with `timelines` a
     timeline line per ok record beside them; returns the directory."""
     os.makedirs(out_dir, exist_ok=True)
     side = open(os.path.join(out_dir, "timelines.jsonl"), "w", encoding="utf-8") if timelines else None
     with open(os.path.join(out_dir, "records.jsonl"), "w", encoding="utf-8") as fh:
-        for rec in synthetic_records(n, seed):
+        for rec in synthetic_records(n, seed, vary=vary):
             m = rec.get("measurement") or {}
             if side is not None and rec["status"] == "ok" and m.get("peak_bytes"):
                 tl = synthetic_timeline(m["peak_bytes"])
@@ -143,9 +154,11 @@ def main() -> None:
     p.add_argument("--template", default=REFERENCE,
                    help="the run whose records are copied (results/reference-cpu-timed: records with up to "
                         "50 step times and losses each, about 13 KB)")
+    p.add_argument("--vary", choices=sorted(VARY), default="",
+                   help="each point a distinct sequence length, batch or model variant (a sweep's shape)")
     args = p.parse_args()
     REFERENCE = args.template
-    print(write_run(args.out, args.n, args.seed, args.timelines))
+    print(write_run(args.out, args.n, args.seed, args.timelines, args.vary))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import argparse
 import errno
 import sys
 
-from ..errors import StorageError, UsageError
-from ..suite import SuiteError
+from ..base.errors import StorageError, UsageError
+from ..suite.keys import SuiteError
 
 EXIT_USAGE = 2
 EXIT_STORAGE = 4  # the disk filled (or failed) while a command wrote: nothing written before was changed

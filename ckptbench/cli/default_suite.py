@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from ..run.environment import collect
 from ..run.machine import Machine, SuiteChoice, choose_suite
 

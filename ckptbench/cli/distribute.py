@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_flags(args, cases) -> None:
     """Before anything starts: the job flags mean nothing without --launcher (say so rather than run here
     as if they were heard), and the slots asked for must exist here (a job checks its own)."""
-    from ..errors import UsageError
+    from ..base.errors import UsageError
     from ..run.slots import sweep_slots
 
     given = [f"--{k.replace('_', '-') if k != 'time_min' else 'time-limit'}" for k in (*SLURM_FLAGS, "wait")
@@ -56,7 +56,7 @@ def check_flags(args, cases) -> None:
 
 def launch(args, suite, options, console) -> int:
     """Submit the shards that miss points as jobs; wait for them where that was asked."""
-    from ..errors import UsageError
+    from ..base.errors import UsageError
     from ..run.shards import overlapping, shard_states
     from ..run.submit import JOBS_DIR, SlurmSettings, make_executor, submit_shards
     from ..run.sweep import accept_directory, pending, plan

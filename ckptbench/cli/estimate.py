@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec import ATTENTIONS, PRESETS, SAC_POLICIES, precision_name
+from ..spec.case import ATTENTIONS, PRESETS
+from ..spec.setup import precision_name
+from ..spec.strategy import SAC_POLICIES
 from ..theory import estimate as est_mod
 from .quick import add_precision_flags, precision_flag, train_lines
 
@@ -109,8 +111,9 @@ FLAGS = {"sweep.batch_size": "--batch", "sweep.seq_len": "--seq", "sweep.every_n
 
 def case_from_args(args: argparse.Namespace):
     """The point the flags describe, validated by the same rules as a suite file (one source of truth)."""
-    from ..errors import UsageError
-    from ..suite import SuiteError, parse_suite
+    from ..base.errors import UsageError
+    from ..suite.keys import SuiteError
+    from ..suite.parse import parse_suite
 
     model = [f'preset = "{args.model}"'] + [f'{k} = "{v}"' for k, v in (
         ("dtype", args.dtype), ("precision", precision_flag(args)), ("attn", args.attn)) if v]
@@ -135,7 +138,7 @@ def _offload_value(args: argparse.Namespace) -> str:
 
 def _strategy_lines(args: argparse.Namespace) -> list[str]:
     """``--every-n-layers`` or ``--layers``, and ``--sac``, as the suite keys that check them."""
-    from ..errors import UsageError
+    from ..base.errors import UsageError
 
     layers, sac = getattr(args, "layers", ""), getattr(args, "sac", "")
     if layers and args.every_n_layers:
@@ -154,7 +157,7 @@ def _simulated_only(case) -> int:
 
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                    device=case.device, setup=case.setup, recompute=case.recompute).to_dict()
-    from ..spec import not_analytic_because
+    from ..spec.case import not_analytic_because
 
     spec = case.model
     why = (not_analytic_because(spec, case.setup, case.device)
@@ -172,12 +175,12 @@ def _sharded(case, world: int) -> int:
     """One FSDP2 rank's memory and the collectives of a step, per rank (shards are padded to N rows)."""
     from dataclasses import replace
 
-    from ..spec import analytic_sharded_point
+    from ..spec.case import analytic_sharded_point
     from ..theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     case = replace(case, world_size=world, setup=replace(case.setup, sharding="fsdp"))
     if not analytic_sharded_point(case.model, case.setup, case.device):
-        from ..errors import UsageError
+        from ..base.errors import UsageError
 
         raise UsageError("--sharding fsdp is estimated for llama, qwen2 and gpt2 shapes in a pure precision or "
                          "bf16-mixed, under the manual loop, with AdamW")

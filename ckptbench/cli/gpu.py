@@ -37,7 +37,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_simulate_suite(args) -> int:
-    from ..suite import load_suite
+    from ..suite.parse import load_suite
     from ..theory.simulated import simulate_suite
 
     suite = load_suite(args.suite)

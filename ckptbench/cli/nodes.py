@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from ..run.nodes import Nodes
 
 

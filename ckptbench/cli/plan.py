@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from .argtypes import at_least_one, at_least_zero
 
 SHOWN = 12  # table rows; --json has every strategy
@@ -43,7 +43,7 @@ def _case(args):
     """A Case of the model and setup the flags describe, through the same rules as a suite file."""
     from dataclasses import replace
 
-    from ..suite import parse_suite
+    from ..suite.parse import parse_suite
     from .quick import model_flag, model_lines, precision_flag, train_lines
 
     device = "cpu" if args.device == "cpu" else "cuda"
@@ -58,11 +58,12 @@ def _case(args):
 
 
 def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[str, ...] = ()):
-    """The analytic estimate where it describes the point (:func:`~ckptbench.spec.analytic_point`: a family
+    """The analytic estimate where it describes the point (:func:`~ckptbench.spec.case.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
     simulation extrapolated to full depth; with `sac`, each policy's own few-layer fit beside it
     (:class:`~ckptbench.theory.planstrategies.PerStrategy`)."""
-    from ..spec import Setup, analytic_point, analytic_sharded_point
+    from ..spec.case import analytic_point, analytic_sharded_point
+    from ..spec.setup import Setup
     from ..theory import plan as planner
 
     setup = setup or Setup()
@@ -78,7 +79,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
     base = planner.Analytic() if analytic_point(spec, setup, a.device) and not force_simulation else None
     if base is not None and not sac:
         return base
-    from ..spec import Recompute
+    from ..spec.strategy import Recompute
     from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
     from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
     from ..theory.planstrategies import PerStrategy
@@ -104,7 +105,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
 
 def sac_policies(text: str | None) -> tuple[str, ...]:
     """``--sac save-matmuls,save-attention`` or ``--sac all``: the named policies, each once, in order."""
-    from ..strategy import SAC_POLICIES
+    from ..spec.strategy import SAC_POLICIES
 
     if not text:
         return ()
@@ -294,7 +295,7 @@ def cmd_plan(args) -> int:
     sac = sac_policies(args.sac)
     if sac and args.verify:
         raise UsageError("--sac: not with --verify (which measures every_n_layers settings)")
-    from ..spec import analytic_point
+    from ..spec.case import analytic_point
 
     if args.layer_sets and (args.verify or args.simulate or a.sharding != "ddp"
                             or not analytic_point(spec, case.setup, a.device)):
@@ -343,7 +344,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
     p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
     p.add_argument("--seq", type=int, required=True, help="sequence length")
-    from ..cards import CARDS
+    from ..spec.cards import CARDS
 
     p.add_argument("--device", default="h100", choices=("cpu", *CARDS),
                    help="the card (the memory torch sees on it, its datasheet FLOP/s), or cpu with --memory "

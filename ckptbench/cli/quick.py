@@ -11,8 +11,9 @@ import json
 import os
 import re
 
-from ..errors import UsageError
-from ..spec import LOOPS, OPTIMIZERS, PRECISIONS, PRESETS
+from ..base.errors import UsageError
+from ..spec.case import PRESETS
+from ..spec.setup import LOOPS, OPTIMIZERS, PRECISIONS
 
 # What a command that names no precision runs: what Trainer(bf16=True) / Accelerator(mixed_precision="bf16")
 # run, fp32 master weights with bf16 autocast; a suite file that names none keeps fp32, as before.

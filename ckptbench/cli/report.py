@@ -7,7 +7,7 @@ import gc
 import os
 import sys
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 
 
 def render(run_dir: str, out_path: str, console, baseline: str | None = None, loaded=None) -> int:

@@ -63,7 +63,7 @@ def print_status(run_dir: str, console, list_missing: bool = False) -> None:
 def cmd_status(args) -> int:
     from rich.console import Console
 
-    from ..errors import UsageError
+    from ..base.errors import UsageError
 
     if not os.path.isdir(args.run):
         raise UsageError(f"{args.run}: not a results directory")

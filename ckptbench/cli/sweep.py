@@ -10,7 +10,7 @@ import sys
 import time
 from collections import Counter
 
-from ..suite import load_suite
+from ..suite.parse import load_suite
 from . import argtypes
 from .nodes import from_args as nodes_from
 
@@ -131,8 +131,8 @@ def _plan_file(path: str | None) -> str | None:
     """The text of a `plan --json` output given with --plan, checked before anything runs."""
     if not path:
         return None
-    from ..errors import UsageError
-    from ..regularfile import open_regular
+    from ..base.errors import UsageError
+    from ..base.regularfile import open_regular
 
     try:
         with open_regular(path, "r", encoding="utf-8") as fh:
@@ -174,14 +174,14 @@ def _took(records: list[dict], elapsed_s: float) -> str:
 
 def _suite(args):
     """The suite file, or the suite the quick flags describe (--model ...)."""
-    from ..errors import UsageError
-    from ..suite import parse_suite
+    from ..base.errors import UsageError
+    from ..suite.parse import parse_suite
 
     if args.suite and args.model:
         raise UsageError("give --suite FILE, or --model NAME with the quick flags (--seq, --batch, ...), not both")
     if args.suite:
         return load_suite(args.suite)
-    from ..suite import SuiteError
+    from ..suite.keys import SuiteError
     from .quick import model_flag, suite_text
 
     try:
@@ -204,8 +204,8 @@ def cmd_sweep(args) -> int:
     from ..run.sweep import SweepOptions, plan, run_sweep
 
     suite = _suite(args)
-    from ..env import unsupported_transformers
-    from ..errors import UsageError
+    from ..base.env import unsupported_transformers
+    from ..base.errors import UsageError
 
     problem = unsupported_transformers()
     if problem and not args.dry_run:

@@ -35,7 +35,7 @@ def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]]
 def verify(args, planned, options, a, predict, timer=None) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
-    from ..suite import parse_suite
+    from ..suite.parse import parse_suite
     from ..theory.annotate import annotate_record
     from ..theory.plan import step_seconds
     from .quick import model_lines

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..spec import checkpointing_name, precision_name
+from ..spec.setup import precision_name
+from ..spec.strategy import checkpointing_name
 
 # short name -> (dotted column of store.records.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
 COLUMNS: dict[str, tuple[str, str]] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..finite import finite_number
+from ..base.finite import finite_number
 from ..measure.interval import LEVEL, coverage_label
 from ..store.load import load_state
 from ..store.stats import ratio_ci

@@ -12,8 +12,8 @@ import os
 
 import matplotlib.pyplot as plt
 
-from ..regularfile import open_regular
-from ..spec import precision_name
+from ..base.regularfile import open_regular
+from ..spec.setup import precision_name
 from .figures import STYLE, Figure, _encode
 
 PLAN_FILE = "plan.json"

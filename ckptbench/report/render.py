@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import jinja2
 
-from ..regularfile import open_regular
+from ..base.regularfile import open_regular
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
@@ -83,7 +83,8 @@ def read_suite(run_dir: str) -> SuiteInfo:
             text = fh.read()
     except OSError as exc:
         return SuiteInfo(note=f"{SUITE_FILE} could not be read: {exc}")
-    from ..suite import SuiteError, parse_suite
+    from ..suite.keys import SuiteError
+    from ..suite.parse import parse_suite
 
     try:
         suite = parse_suite(text, path)

@@ -20,7 +20,8 @@ import os
 import statistics
 from dataclasses import replace
 
-from ..spec import Case, Recompute
+from ..spec.case import Case
+from ..spec.strategy import Recompute
 from ..store.files import write_text_atomic
 from ..theory.roofline import HOST_LINK_BYTES_PER_S
 from ..theory.steptime import added_s

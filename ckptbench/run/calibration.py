@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 
-from ..errors import UsageError
-from ..regularfile import open_regular
-from ..spec import Case
+from ..base.errors import UsageError
+from ..base.regularfile import open_regular
+from ..spec.case import Case
 from ..theory.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120

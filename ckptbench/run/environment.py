@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 
-from ..env import host_environment
+from ..base.env import host_environment
 from ..measure.nvml import nvml_inventory
 from .machine import Machine, gpu_problem
 

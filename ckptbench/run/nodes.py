@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import re
 import sys
 import time
 
-from ..regularfile import open_regular
+from ..base.regularfile import open_regular
 from ..store.files import tail, write_json_atomic
 
 REASON_CHARS = 200  # of a failure's last line, as status prints it

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..spec import FAMILIES, preset
+from ..spec.case import FAMILIES, preset
 from ..train.models import hf_config
 
 

@@ -28,8 +28,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
-from ..regularfile import open_regular
+from ..base.errors import UsageError
+from ..base.regularfile import open_regular
 from ..store.files import write_json_atomic
 
 DIRECTORY_LOCK = ".sweeps.lock"

@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from ..spec import Case
+from ..base.errors import UsageError
+from ..spec.case import Case
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import sys
 import time
 from collections import Counter
 
-from ..errors import StorageError
-from ..spec import Case
+from ..base.errors import StorageError
+from ..spec.case import Case
 from ..store.machine_speed import append_reading
 
 READINGS_PER_MOMENT = 2

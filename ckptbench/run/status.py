@@ -15,11 +15,11 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
-from ..regularfile import open_regular
-from ..spec import Case
+from ..base.errors import UsageError
+from ..base.regularfile import open_regular
+from ..spec.case import Case
 from ..store.records import load_records
-from ..suite import load_suite
+from ..suite.parse import load_suite
 from .outcome import job_outcome
 from .shards import ShardState, shard_states
 from .sweep import plan

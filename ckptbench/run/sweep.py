@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import StorageError, UsageError
+from ..base.errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
-from ..spec import Case, Suite
+from ..spec.case import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.load import record_load
 from ..store.records import RecordStore

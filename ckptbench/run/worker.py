@@ -17,13 +17,13 @@ import traceback
 
 import torch
 
-from ..errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
+from ..base.errors import DISK_FULL, WORKER_DISK_FULL_EXIT, failure_reason
 from ..measure.interval import median_interval, record_fields
 from ..measure.layertime import LayerClock
 from ..measure.steps import StepLosses, step_probe_for
 from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
-from ..spec import Case
+from ..spec.case import Case
 from ..store.files import write_json_atomic
 from ..theory.flops import figures as flop_figures
 from ..train.adapters import adapter_facts, base_parameter_count, with_adapters

@@ -59,7 +59,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from ..errors import UsageError
+from ..base.errors import UsageError
 from .comparison import (
     DEFAULT_MEMORY_THRESHOLD,
     DEFAULT_TIME_THRESHOLD,

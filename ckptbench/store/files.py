@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from typing import TextIO
 
-from ..errors import StorageError
+from ..base.errors import StorageError
 
 
 @contextlib.contextmanager
@@ -22,7 +22,7 @@ def atomic_writer(path: str, newline: str | None = None) -> Iterator[TextIO]:
     A reader sees the old file or the whole new one, never a torn one; the temporary name carries the
     pid, so two processes writing the same file (shards started together) never share it.  When any
     step fails (a full disk, a read-only folder) the temporary file is removed, so a failure leaves no
-    space taken and `path` as it was, and :class:`~ckptbench.errors.StorageError` names `path` and why.
+    space taken and `path` as it was, and :class:`~ckptbench.base.errors.StorageError` names `path` and why.
     """
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline=newline) as fh:
         yield fh
@@ -33,7 +33,7 @@ def atomic_writer(path: str, newline: str | None = None) -> Iterator[TextIO]:
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """A temporary path beside `path` for a writer that opens files itself (pandas, pyarrow): renamed over
-    `path` when the block ends, removed when it fails, with :class:`~ckptbench.errors.StorageError`."""
+    `path` when the block ends, removed when it fails, with :class:`~ckptbench.base.errors.StorageError`."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         yield tmp

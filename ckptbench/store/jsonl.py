@@ -17,13 +17,13 @@ import fcntl
 import json
 import os
 
-from ..errors import StorageError
+from ..base.errors import StorageError
 
 
 def append_line(path: str, obj: dict) -> None:
     """Append `obj` as one line; on any failure (a full disk) the file is cut back to the lines before it.
 
-    Raises :class:`~ckptbench.errors.StorageError` naming `path` and the reason.
+    Raises :class:`~ckptbench.base.errors.StorageError` naming `path` and the reason.
     """
     data = (json.dumps(obj, sort_keys=True, default=_jsonable) + "\n").encode()
     try:

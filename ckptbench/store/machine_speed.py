@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..finite import finite_number
-from ..regularfile import open_regular
+from ..base.finite import finite_number
+from ..base.regularfile import open_regular
 from .jsonl import append_line
 from .significance import ALPHA, log_moments, upper_p, welch
 

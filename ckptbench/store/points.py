@@ -12,9 +12,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..base.errors import UsageError
+from ..base.regularfile import open_regular
 from ..measure.timing import nearest_rank
-from ..regularfile import open_regular
 from .records import RECORDS, latest_lines, load_records, merged_cases, no_cycle_collection
 from .repeats import time_samples
 

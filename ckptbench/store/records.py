@@ -21,8 +21,8 @@ try:
 except ImportError:  # a machine's own python without it (a GPU image): the json module reads every line
     orjson = None
 
-from ..errors import StorageError, UsageError
-from ..regularfile import open_regular
+from ..base.errors import StorageError, UsageError
+from ..base.regularfile import open_regular
 from .jsonl import append_line
 from .repeats import merge_repeats, single_records
 from .timelines import store_timeline
@@ -70,7 +70,7 @@ class RecordStore:
         to the records before it.  A timeline in the record's measurement goes first to a line of its own
         in ``timelines.jsonl`` (:func:`~.timelines.store_timeline`; `record` is changed to what is written).
 
-        Raises :class:`~ckptbench.errors.StorageError` naming the file and the reason.
+        Raises :class:`~ckptbench.base.errors.StorageError` naming the file and the reason.
         """
         store_timeline(self.run_dir, record)
         append_line(self.path, {"schema": SCHEMA_VERSION, **record})

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import StorageError
-from ..regularfile import open_regular
+from ..base.errors import StorageError
+from ..base.regularfile import open_regular
 from .jsonl import append_line
 
 TIMELINES = "timelines.jsonl"

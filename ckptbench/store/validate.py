@@ -13,9 +13,10 @@ import math
 from dataclasses import MISSING, fields
 from numbers import Real
 
-from ..spec import Case, DataSpec, ModelSpec, Recompute, Setup, TrainSpec
-from ..strategy import OFFLOAD_KINDS, compile_budget_problem
-from ..trainspec import Timing
+from ..spec.case import Case, DataSpec, ModelSpec
+from ..spec.setup import Setup
+from ..spec.strategy import OFFLOAD_KINDS, Recompute, compile_budget_problem
+from ..spec.training import Timing, TrainSpec
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 

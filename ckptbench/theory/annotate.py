@@ -5,7 +5,7 @@ The one place a record meets the theory: :func:`annotate_record` is the sweep's 
 
 from __future__ import annotations
 
-from ..spec import Case
+from ..spec.case import Case
 from .checks import (
     Check,
     Tolerances,

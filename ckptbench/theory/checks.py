@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..configs import DIM_ALIASES
-from ..spec import DTYPES, Case
+from ..sources.configs import DIM_ALIASES
+from ..spec.case import DTYPES, Case
 from . import flops
 from .comm import comm_estimate
 from .estimate import Estimate, estimate_case

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..measure.interval import LEVEL, ranks
 from ..measure.stopping import StopRule
-from ..spec import Case, ModelSpec
+from ..spec.case import Case, ModelSpec
 from .flops import hardware_flops_per_token
 from .params import param_count
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import Setup
+from ..spec.setup import Setup
 from ..train.optimizers import build_optimizer
 
 

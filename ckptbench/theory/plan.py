@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..cards import CARDS
-from ..spec import Case, Recompute, Setup, TrainSpec, checkpointing_name
-from ..strategy import offload_suffix
+from ..spec.cards import CARDS
+from ..spec.case import Case
+from ..spec.setup import Setup
+from ..spec.strategy import Recompute, checkpointing_name, offload_suffix
+from ..spec.training import TrainSpec
 from .estimate import estimate_case
 from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
@@ -122,7 +124,7 @@ class ShardedAnalytic(Analytic):
     """One FSDP2 rank's peak (:func:`.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
     layers in flight, FSDP2's all-gather and reduce-scatter buffers, the activations of its micro-batch;
     equal to what was measured on CPU, :data:`.fsdp.PEAK_TOLERANCE`) for the families and precisions the
-    analytic estimate describes (:func:`~ckptbench.spec.analytic_sharded_point`: pure, or bf16-mixed as
+    analytic estimate describes (:func:`~ckptbench.spec.case.analytic_sharded_point`: pure, or bf16-mixed as
     FSDP2's MixedPrecisionPolicy runs it, bf16 compute over fp32 shards)."""
 
     source = "analytic estimate, one FSDP2 rank (theory/fsdp.py)"

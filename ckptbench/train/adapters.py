@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from ..runsetup import Lora
+from ..spec.setup import Lora
 
 
 def with_adapters(model: torch.nn.Module, lora: Lora | None) -> torch.nn.Module:

@@ -1,6 +1,6 @@
 """The child side of the suite's build check (``python -m ckptbench.train.buildcheck build-check JSON``):
 whether transformers would build a spec's model with every key it was asked for.  Run in a child
-interpreter by :func:`ckptbench.configs.build_problem`, so the suite parser never imports torch."""
+interpreter by :func:`ckptbench.sources.configs.build_problem`, so the suite parser never imports torch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 import json
 import sys
 
-from ..configs import error_line
-from ..spec import ModelSpec, canonical_config
+from ..sources.configs import error_line
+from ..spec.case import ModelSpec, canonical_config
 from .models import build_model
 
 

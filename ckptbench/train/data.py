@@ -1,7 +1,7 @@
 """The token batches one rank of a data-parallel Case trains and evaluates on.
 
 ``random``: seeded uniform ids, a different stream per rank (what the memory and speed points have
-always used; nothing to learn).  Text sources (:mod:`ckptbench.corpus`) are byte-level: token id =
+always used; nothing to learn).  Text sources (:mod:`ckptbench.sources.corpus`) are byte-level: token id =
 byte.  The training text is cut into ``world_size`` contiguous shards and rank r reads only shard r, at
 window starts drawn from a generator seeded by (train seed, rank), so a seed changes both the initial
 weights and the order the text is seen in.  The held-out text is read at ``eval_batches × batch_size``
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..corpus import read_corpus
-from ..spec import Case
+from ..sources.corpus import read_corpus
+from ..spec.case import Case
 from .models import synthetic_batch
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..runsetup import OPTIMIZERS, Setup
+from ..spec.setup import OPTIMIZERS, Setup
 
 # name -> (module, class, constructor settings beside the parameters and the learning rate)
 OPTIMIZER_CLASSES: dict[str, tuple[str, str, dict]] = {

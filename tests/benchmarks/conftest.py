@@ -21,7 +21,7 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_benchmark_update_machine_info(config, machine_info):
     import torch
 
-    from ckptbench.env import cpu_model, package_versions
+    from ckptbench.base.env import cpu_model, package_versions
     from ckptbench.measure.nvml import nvml_inventory
     from ckptbench.run.worker import device_environment
 

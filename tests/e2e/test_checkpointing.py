@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 
 pytestmark = pytest.mark.e2e
 

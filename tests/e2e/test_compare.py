@@ -19,7 +19,7 @@ from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.machine_speed import load_readings
 from ckptbench.store.records import RecordStore, load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.theory.annotate import annotate_record
 

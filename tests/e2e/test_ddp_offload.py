@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
-from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.train.checkpointing import pinned_memory_error
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, ModelSpec, TrainSpec, canonical_config
+from ckptbench.spec.case import Case, ModelSpec, canonical_config
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from ckptbench.base.errors import UsageError
 from ckptbench.cli import build_parser
 from ckptbench.cli.default_suite import default_sweep
 from ckptbench.cli.sweep import cmd_sweep
-from ckptbench.errors import UsageError
 from ckptbench.report.render import render_report
 from ckptbench.run.machine import Machine
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite, parse_suite
+from ckptbench.suite.parse import load_suite, parse_suite
 from ckptbench.theory.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e

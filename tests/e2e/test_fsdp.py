@@ -11,7 +11,9 @@ because a torchrun start-up costs seconds; one group of 3 ranks runs none, where
 import pytest
 
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
-from ckptbench.spec import Case, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.fsdp import PEAK_TOLERANCE, fsdp_case_comm, fsdp_memory_estimate, in_flight_allowance
 

@@ -14,7 +14,7 @@ from ckptbench.cli import main
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 pytestmark = pytest.mark.e2e
 

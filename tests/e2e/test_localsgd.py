@@ -9,7 +9,8 @@ import os
 import pytest
 
 from ckptbench.run.launch import run_distributed_cases
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.comm import comm_estimate
 
 pytestmark = pytest.mark.e2e

@@ -9,9 +9,11 @@ import pytest
 
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.run.worker import measure
-from ckptbench.spec import PRECISIONS, Case, Lora, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import PRECISIONS, Lora, Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.simulate import simulate
 from tests.conftest import covering

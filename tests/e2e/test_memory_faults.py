@@ -15,7 +15,7 @@ from ckptbench.run.faults import Fault
 from ckptbench.run.hostmem import human_bytes
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from ckptbench.theory.estimate import estimate_case
 
 from .test_sweep import SIX

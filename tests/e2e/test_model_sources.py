@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from ckptbench.store.records import load_records
-from ckptbench.suite import SuiteError, load_suite, parse_suite
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import load_suite, parse_suite
 
 pytestmark = pytest.mark.e2e
 

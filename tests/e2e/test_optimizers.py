@@ -9,7 +9,9 @@ import importlib.util
 import pytest
 
 from ckptbench.run.worker import Unsupported, measure
-from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import PRECISIONS, Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.simulate import simulate
 from tests.conftest import covering

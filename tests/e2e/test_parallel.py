@@ -14,7 +14,7 @@ from ckptbench.run.faults import Fault
 from ckptbench.run.submit import JOBS_DIR, SlurmSettings, make_executor, submit_shards
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: parallel slots and local jobs (94 s)
 

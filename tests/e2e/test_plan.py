@@ -13,9 +13,10 @@ from multiprocessing import get_context
 import pytest
 
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.spec import TrainSpec, preset
+from ckptbench.spec.case import preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.plan import Assumptions, plan, strategies
 

@@ -13,9 +13,12 @@ import pytest
 
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.spec import Case, Lora, Setup, TrainSpec, checkpointed_layers, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Lora, Setup
+from ckptbench.spec.strategy import checkpointed_layers
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from ckptbench.theory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.fsdp import in_flight_allowance
 from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan

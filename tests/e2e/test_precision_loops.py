@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import PRECISIONS, Case, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import PRECISIONS, Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.loop_step import LoopStep
 from ckptbench.theory.simulate import simulate

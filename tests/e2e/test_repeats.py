@@ -9,7 +9,7 @@ import pytest
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.store.repeats import merge_repeats
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from ckptbench.theory.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e

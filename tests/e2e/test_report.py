@@ -16,7 +16,7 @@ from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import RECORDS, load_records
 from ckptbench.store.timelines import TIMELINES, Timelines
-from ckptbench.suite import load_suite, parse_suite
+from ckptbench.suite.parse import load_suite, parse_suite
 from ckptbench.theory.annotate import annotate_record
 
 from .report_html import Page, decoded_svgs, svg_resources

@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, Recompute, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.strategy import Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from tests.conftest import covering
 

@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, Recompute, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.strategy import Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.train.checkpointing import enable_checkpointing, offload_for
 from ckptbench.train.models import build_model, synthetic_batch

@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from ckptbench.errors import UsageError
+from ckptbench.base.errors import UsageError
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 pytestmark = pytest.mark.e2e
 
@@ -251,7 +251,7 @@ HANGING_DRIVER = """
 import sys
 from ckptbench.run.faults import Fault
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 suite = load_suite(sys.argv[1])
 shard = tuple(int(x) for x in sys.argv[3].split("/")) if len(sys.argv) > 3 else (1, 1)
 run_sweep(suite, SweepOptions(out_dir=sys.argv[2], shard=shard, faults={suite.cases[0].id: Fault("hang")}))
@@ -315,7 +315,8 @@ def test_a_worker_whose_parent_is_gone_ends_after_its_own_timeout(tmp_path):
     import multiprocessing
 
     from ckptbench.run import worker
-    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
     proc = multiprocessing.get_context("fork").Process(

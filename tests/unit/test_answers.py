@@ -1,4 +1,4 @@
-"""transformers' answers kept on disk (ckptbench.answers): asked once, reused only for the same question,
+"""transformers' answers kept on disk (ckptbench.sources.answers): asked once, reused only for the same question,
 versions and code, and a stored file is data that may be anything."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ckptbench import answers, configs
-from ckptbench.configs import ConfigError
+from ckptbench.sources import answers, configs
+from ckptbench.sources.configs import ConfigError
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_the_model_class_child_is_asked_once_across_commands(here):
     first = configs.model_class("mistral")
     [path] = here.iterdir()
     stored = json.loads(path.read_text())
-    assert stored["question"] == ["ckptbench.configs", "model-class", "mistral"]
+    assert stored["question"] == ["ckptbench.sources.configs", "model-class", "mistral"]
     assert stored["answer"]["known"] is True and first.supports_sdpa is True
     configs.model_class.cache_clear()  # a new command: read from the folder, equal to what the child said
     assert configs.model_class("mistral") == first
@@ -96,7 +96,7 @@ def test_the_model_class_child_is_asked_once_across_commands(here):
 
 def test_a_kept_model_class_answer_of_the_wrong_shape_is_a_one_line_error(here):
     configs.model_class.cache_clear()
-    k = answers.key(["ckptbench.configs", "model-class", "mistral"])
+    k = answers.key(["ckptbench.sources.configs", "model-class", "mistral"])
     here.mkdir()
     (here / f"{k}.json").write_text(json.dumps({"key": k, "answer": {"known": "yes", "evil": 1}}))
     with pytest.raises(ConfigError, match="not a model-class answer"):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptbench.configs import SDPA_FAMILIES, default_attention, model_class, model_class_here
-from ckptbench.suite import load_suite, parse_suite
+from ckptbench.sources.configs import SDPA_FAMILIES, default_attention, model_class, model_class_here
+from ckptbench.suite.parse import load_suite, parse_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = "[sweep]\nbatch_size = [1]\nseq_len = [32]\nevery_n_layers = [0, 1]\n"

@@ -10,7 +10,7 @@ import pytest
 
 from ckptbench.cli import main
 from ckptbench.store.records import RecordStore, load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from tests.synthetic_run import ONE_POINT_SUITE as SUITE
 
 GIB = 2**30

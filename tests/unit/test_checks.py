@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ckptbench.run.worker import measure
-from ckptbench.spec import Case, Timing, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import Timing, TrainSpec
 from ckptbench.theory.annotate import annotate_record
 
 

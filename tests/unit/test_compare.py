@@ -15,10 +15,11 @@ import textwrap
 
 import pytest
 
+from ckptbench.base.errors import UsageError
 from ckptbench.cli import main
-from ckptbench.errors import UsageError
 from ckptbench.report.compare import summary_lines
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.compare import (
     BENCHMARK,
     SWEEP,

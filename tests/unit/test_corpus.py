@@ -6,7 +6,7 @@ import sysconfig
 
 import pytest
 
-from ckptbench.corpus import (
+from ckptbench.sources.corpus import (
     HELD_OUT_EVERY,
     SEPARATOR,
     CorpusError,
@@ -15,7 +15,7 @@ from ckptbench.corpus import (
     split_documents,
     stdlib_files,
 )
-from ckptbench.spec import DataSpec
+from ckptbench.spec.case import DataSpec
 
 
 def test_stdlib_files_are_sorted_sources_without_tests_or_installed_packages():

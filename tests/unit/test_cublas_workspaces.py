@@ -11,7 +11,8 @@ import pathlib
 
 import pytest
 
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory import workspaces
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.estimate import estimate_case

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.simulate import simulate
 

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from ckptbench.spec import Case, DataSpec
-from ckptbench.suite import SuiteError, load_suite, parse_suite
+from ckptbench.spec.case import Case, DataSpec
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import load_suite, parse_suite
 
 SWEEP = "[sweep]\nbatch_size = [2]\nseq_len = [32]\nworld_size = [2]\nlocal_sgd_steps = [0, 4]\n"
 MODEL = '[model]\npreset = "llama-tiny"\n'

@@ -9,8 +9,10 @@ import pytest
 from transformers import AutoConfig
 
 from ckptbench.report.columns import dropout_label
-from ckptbench.spec import DROPOUT_DEFAULTS, Case, ModelSpec, TrainSpec, canonical_config, preset
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.spec.case import DROPOUT_DEFAULTS, Case, ModelSpec, canonical_config, preset
+from ckptbench.spec.training import TrainSpec
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import parse_suite
 from ckptbench.theory.checks import config_checks
 from ckptbench.train.models import dropout_values, hf_config
 from ckptbench.train.reference import reference

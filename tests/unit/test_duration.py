@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec import Case, Timing, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import Timing, TrainSpec
 from ckptbench.theory import duration
 from ckptbench.theory.duration import Rates, point_seconds, project
 from ckptbench.theory.flops import hardware_flops_per_token

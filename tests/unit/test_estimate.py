@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.measure.bus import bus_bytes
-from ckptbench.spec import PRESETS, Case, ModelSpec, TrainSpec, checkpointed_layers, preset
+from ckptbench.spec.case import PRESETS, Case, ModelSpec, preset
+from ckptbench.spec.strategy import checkpointed_layers
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory import estimate as E
 from ckptbench.theory.activations import layer_activation_terms
 from ckptbench.theory.checks import check

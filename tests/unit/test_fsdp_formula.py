@@ -4,7 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec import PRESETS, Case, Setup, TrainSpec, analytic_sharded_point, preset
+from ckptbench.spec.case import PRESETS, Case, analytic_sharded_point, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.fsdp import (
     fsdp_case_comm,
     fsdp_comm_estimate,
@@ -100,7 +102,9 @@ def test_adamw_state_is_the_unpadded_chunk_per_rank():
 
 def test_estimate_prints_each_fsdp_rank_and_the_collectives(capsys):
     from ckptbench.cli import main
-    from ckptbench.spec import Case, Setup, TrainSpec, preset
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.setup import Setup
+    from ckptbench.spec.training import TrainSpec
     from ckptbench.theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     assert main(["estimate", "--model", "llama-tiny", "--batch", "2", "--seq", "32", "--device", "cpu",

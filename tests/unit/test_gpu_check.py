@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -81,7 +81,8 @@ def test_an_early_dip_in_available_memory_does_not_label_a_later_kill(monkeypatc
 
 def test_against_the_memory_cap_a_point_needs_the_workers_baseline_too():
     from ckptbench.run.fits import WORKER_BASELINE_BYTES, estimated_peak, too_big
-    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
     peak = estimated_peak(case)
@@ -102,7 +103,8 @@ def test_a_worker_reports_its_resident_memory_before_its_step(tmp_path):
     import multiprocessing
 
     from ckptbench.run import worker
-    from ckptbench.spec import Case, TrainSpec, preset
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(warmup_steps=0, steps=1), batch_size=1, seq_len=8)
     out = tmp_path / "r.json"

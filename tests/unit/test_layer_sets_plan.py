@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptbench.spec import preset
+from ckptbench.spec.case import preset
 from ckptbench.theory import plan as planner
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.layersets import best_set, candidates, every_n_counts, layer_set_strategies

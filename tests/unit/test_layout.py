@@ -20,28 +20,18 @@ MAX_LINES = 400
 
 # unit (a folder of ckptbench/, or a top-level module) -> rank.  Lower ranks never import higher ones.
 RANKS = {
-    "__init__": 0, "errors": 0, "spec": 0, "env": 0,  # what a point is
-    "regularfile": 0,  # opening a file a run reads, refusing directories, FIFOs and devices
-    "finite": 0,  # the one test of a figure read back from a file: a finite int or float, never a bool
-    "answers": 0.25,  # what transformers answered about a model, kept on disk by question and versions
-    "configs": 0.5,  # a user's config.json, hub name or model_type to ModelSpec values
-    "corpus": 0.5,  # the text a point learns from: stdlib, a file, a datasets cache entry, as bytes
-    "cards": -0.5,  # the GPUs plan knows by name, with the memory torch sees on them
-    "preset_sizes": -0.5,  # each preset's parameter count, as transformers builds it
-    "runsetup": -0.5,  # how a point is trained: precision, loop, adapters, sharding, optimizer
-    "trainspec": -0.5,  # the [train] settings every point shares, and how long its steps are timed
-    "strategy": -0.5,  # which layers are checkpointed beyond every n-th, and a SAC policy's kept operators
-    "suitekeys": 0.75,  # the keys a suite file may hold, and the checker that names a wrong one
-    "suitesetup": 0.8,  # the [train] table and the setup axes to Setups
-    "suitestrategy": 0.8,  # every_n_layers, checkpoint_layers and sac to each point's strategy
-    "suite": 1,  # TOML in, Cases out
-    "measure": 2,  # probes: see, never expect
-    "train": 3,  # models, checkpointing, step loops (probed by measure)
-    "theory": 4,  # predictions and checks (the simulation runs train's step on fake tensors)
-    "store": 5,  # records on disk, compare
-    "run": 6,  # processes: sweep, fork server, worker, torchrun
-    "report": 7,  # HTML, tables, GPU summary
-    "cli": 8, "__main__": 9,
+    "__init__": 0,  # the package's version
+    "base": 1,  # errors and exit statuses, the host, opening a file a run reads, the finite test
+    "spec": 2,  # what a point is: Case, ModelSpec, [train] settings, setup, strategy, cards, preset sizes
+    "sources": 3,  # where its model and data come from: configs, transformers' kept answers, the corpus
+    "suite": 4,  # TOML in, Cases out: the keys, the setup and strategy axes
+    "measure": 5,  # probes: see, never expect
+    "train": 6,  # models, checkpointing, step loops (probed by measure)
+    "theory": 7,  # predictions and checks (the simulation runs train's step on fake tensors)
+    "store": 8,  # records on disk, compare
+    "run": 9,  # processes: sweep, fork server, worker, torchrun
+    "report": 10,  # HTML, tables, GPU summary
+    "cli": 11, "__main__": 12,
 }
 
 
@@ -203,7 +193,7 @@ def test_a_probe_that_imports_theory_is_a_violation(tmp_path):
         "theory/estimate.py": "from ..measure import probe\n",  # theory reading a probe is fine
     })
     assert layer_violations(graph, RANKS) == [
-        "pkg.measure.probe -> pkg.theory.estimate: measure (rank 2) may not import theory (rank 4)"]
+        "pkg.measure.probe -> pkg.theory.estimate: measure (rank 5) may not import theory (rank 7)"]
     assert find_cycle(graph) == ["pkg.measure.probe", "pkg.theory.estimate", "pkg.measure.probe"]
 
 

@@ -15,7 +15,9 @@ import itertools
 
 import pytest
 
-from ckptbench.spec import Case, ModelSpec, Setup, TrainSpec, preset
+from ckptbench.spec.case import Case, ModelSpec, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory import estimate as est_mod
 from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.estimate import estimate

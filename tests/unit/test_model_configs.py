@@ -17,15 +17,11 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 
-from ckptbench import suite as suite_mod
-from ckptbench.configs import (
-    ANALYTIC_DIM_KEYS,
-    config_keys,
-    model_class_here,
-    spec_values,
-)
-from ckptbench.spec import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_config, preset
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.sources.configs import ANALYTIC_DIM_KEYS, config_keys, model_class_here, spec_values
+from ckptbench.spec.case import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_config, preset
+from ckptbench.suite import parse as suite_mod
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import parse_suite
 from ckptbench.theory.checks import config_checks
 from ckptbench.theory.params import param_count
 from ckptbench.train.buildcheck import build_problem_here

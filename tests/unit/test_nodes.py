@@ -2,7 +2,7 @@
 
 import pytest
 
-from ckptbench.errors import UsageError
+from ckptbench.base.errors import UsageError
 from ckptbench.run.nodes import Nodes, rendezvous_args
 
 

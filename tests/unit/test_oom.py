@@ -8,7 +8,8 @@ import multiprocessing
 import torch
 
 from ckptbench.run import worker
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 
 
 def test_cuda_oom_is_the_class_child_main_catches():

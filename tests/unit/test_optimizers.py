@@ -17,7 +17,10 @@ import functools
 import pytest
 import torch
 
-from ckptbench.spec import Case, Setup, TrainSpec, analytic_point, checkpointed_layers, preset
+from ckptbench.spec.case import Case, analytic_point, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.strategy import checkpointed_layers
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.extrapolate import extrapolation
 from ckptbench.theory.params import param_count

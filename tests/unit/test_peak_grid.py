@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec import preset
+from ckptbench.spec.case import preset
 from ckptbench.theory import estimate as est_mod
 from ckptbench.theory.estimate import estimate
 from ckptbench.theory.simulate import simulate
@@ -179,7 +179,8 @@ LAYER_SETS = {
 
 @pytest.mark.parametrize("point", list(LAYER_SETS), ids=lambda p: "-".join(map(str, p)).replace("--", "-"))
 def test_any_layer_set_is_exact_to_the_byte(point):
-    from ckptbench.spec import Recompute, Setup
+    from ckptbench.spec.setup import Setup
+    from ckptbench.spec.strategy import Recompute
 
     name, dtype, attn, autocast, layers, batch, seq = point
     spec = preset(name, dtype=dtype, attn=attn, max_positions=4096)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import RecordStore
 from ckptbench.theory.margins import measured_margins
 from ckptbench.theory.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN

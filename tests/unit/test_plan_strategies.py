@@ -7,7 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory import plan as planner
 from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.extrapolate import Simulated, extrapolation

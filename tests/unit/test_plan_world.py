@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.estimate import estimate_case
 from ckptbench.theory.network import LINKS, allreduce_s
 from ckptbench.theory.plan import Analytic, Assumptions, comm_seconds, plan
@@ -62,7 +63,7 @@ def test_plan_shards_bf16_mixed_with_fsdp2s_mixed_precision(capsys):
     from dataclasses import replace
 
     from ckptbench.cli import main
-    from ckptbench.spec import Setup
+    from ckptbench.spec.setup import Setup
     from ckptbench.theory.fsdp import fsdp_memory_estimate
 
     # bf16-mixed is plan's default precision

@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-from ckptbench.spec import Case, Setup, TrainSpec, preset
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Setup
+from ckptbench.spec.training import TrainSpec
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import parse_suite
 from ckptbench.theory import plan as planner
 
 

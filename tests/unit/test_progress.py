@@ -9,7 +9,8 @@ from rich.console import Console
 from ckptbench.cli.progress import slot_lines, sweep_progress
 from ckptbench.run.scheduler import Running
 from ckptbench.run.slots import cpu_slots, place
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 
 
 def render(progress) -> str:

@@ -10,7 +10,8 @@ import pandas as pd
 
 from ckptbench.report import columns, headline, tables
 from ckptbench.report.render import SECTIONS, build_context, render_report
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
 
 HEADINGS = dict(SECTIONS)

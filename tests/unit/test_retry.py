@@ -11,7 +11,8 @@ import pytest
 
 from ckptbench.cli import main
 from ckptbench.run.sweep import next_attempts, pending
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 
 CASES = [Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=b, seq_len=8) for b in range(1, 6)]
@@ -125,7 +126,7 @@ def _full_disk(*args):
 
 
 def test_a_worker_that_cannot_write_its_result_on_a_full_disk_says_so_by_its_exit_status(tmp_path):
-    from ckptbench.errors import WORKER_DISK_FULL_EXIT
+    from ckptbench.base.errors import WORKER_DISK_FULL_EXIT
 
     proc = multiprocessing.get_context("fork").Process(
         target=_child, args=(str(tmp_path / "r.json"), str(tmp_path / "w.log")))

@@ -12,7 +12,9 @@ import functools
 
 import pytest
 
-from ckptbench.spec import SAC_POLICIES, Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import SAC_POLICIES, Recompute
+from ckptbench.spec.training import TrainSpec
 from ckptbench.theory import flops
 from ckptbench.theory.annotate import annotate_record
 from ckptbench.theory.simulate import simulate

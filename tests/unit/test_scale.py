@@ -203,7 +203,7 @@ def _case_variants(case: dict) -> list:
 
 
 def test_the_fast_case_check_accepts_only_what_building_the_case_accepts(monkeypatch):
-    from ckptbench.spec import Case
+    from ckptbench.spec.case import Case
     from ckptbench.store import validate
 
     records = synthetic_records(60)
@@ -274,7 +274,7 @@ def test_a_large_run_draws_its_scatters_thinned_and_says_so(big_run):
 
 
 def test_two_large_runs_are_read_at_once_with_the_same_comparison(tmp_path, monkeypatch):
-    from ckptbench.errors import UsageError
+    from ckptbench.base.errors import UsageError
     from ckptbench.store import compare as store_compare
 
     old, new = write_run(str(tmp_path / "old"), 120, seed=0), write_run(str(tmp_path / "new"), 120, seed=1)

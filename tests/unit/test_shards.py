@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ckptbench.errors import UsageError
+from ckptbench.base.errors import UsageError
 from ckptbench.run.shards import SweepLock, overlapping, shard_states
 
 

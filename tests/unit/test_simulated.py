@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ckptbench.suite import parse_suite
+from ckptbench.suite.parse import parse_suite
 from ckptbench.theory import simulated
 
 SUITE = """

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from ckptbench.errors import UsageError
+from ckptbench.base.errors import UsageError
 from ckptbench.run.lifeline import CORES_VAR
 from ckptbench.run.slots import Slot, core_list, cpu_slots, cuda_slots, place, sweep_slots
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 
 
 def case(world_size: int = 1, device: str = "cpu", threads: int = 1) -> Case:

@@ -23,7 +23,8 @@ from ckptbench.run.submit import (
     submit_shards,
 )
 from ckptbench.run.sweep import SweepOptions
-from ckptbench.suite import SuiteError, load_suite, parse_suite
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import load_suite, parse_suite
 from tests.synthetic_run import ONE_POINT_SUITE
 
 SUITE = """

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
+from ckptbench.base.regularfile import open_regular
 from ckptbench.cli import main
-from ckptbench.regularfile import open_regular
 from ckptbench.store.records import RecordStore, load_records
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 from tests.synthetic_run import ONE_POINT_SUITE as SUITE
 
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 from ckptbench.run import speed_reading
-from ckptbench.spec import Case, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.machine_speed import READINGS, load_readings, machine_speed
 from tests.conftest import TINY_SUITE
 

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from ckptbench.errors import UsageError
+from ckptbench.base.errors import UsageError
 from ckptbench.run.outcome import job_outcome, write_outcome
 from ckptbench.run.shards import SweepLock
 from ckptbench.run.status import run_status
 from ckptbench.run.submit import JOBS_DIR, ShardJob, SlurmSettings, make_executor
 from ckptbench.run.sweep import SweepOptions, plan
 from ckptbench.store.records import RecordStore
-from ckptbench.suite import load_suite
+from ckptbench.suite.parse import load_suite
 
 SIX = """
 [suite]

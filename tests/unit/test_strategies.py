@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import Recompute, checkpointing_name
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
-from ckptbench.strategy import checkpointing_name
-from ckptbench.suite import SuiteError, parse_suite
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import parse_suite
 
 HEAD = '[model]\npreset = "llama-tiny"\n[sweep]\nbatch_size = [1]\nseq_len = [32]\n'
 
@@ -90,8 +92,8 @@ def test_names():
 
 
 def test_estimate_takes_a_layer_set(capsys):
+    from ckptbench.base.errors import UsageError
     from ckptbench.cli import estimate as cli
-    from ckptbench.errors import UsageError
 
     assert cli.main(["estimate", "--model", "llama-tiny", "--batch", "1", "--seq", "1024", "--layers", "0,1,3",
                      "--device", "cpu", "--dtype", "fp32", "--attn", "eager"]) == 0
@@ -109,7 +111,7 @@ def test_the_gpu_strategies_suite_sets_each_strategy_beside_none_at_each_length(
     """suites/strategies-gpu.toml, the device check's strategy suite: every strategy, without offload, with
     transformers' and with streamed offload, at both lengths, on CUDA; the points its header counts, each
     planned to fit the card."""
-    from ckptbench.suite import load_suite
+    from ckptbench.suite.parse import load_suite
     from ckptbench.theory.estimate import estimate_case
 
     suite = load_suite("suites/strategies-gpu.toml")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec import Case, Recompute, TrainSpec, preset
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.strategy import Recompute, checkpointing_name
+from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
-from ckptbench.strategy import checkpointing_name
-from ckptbench.suite import SuiteError
+from ckptbench.suite.keys import SuiteError
 from ckptbench.theory.checks import blind_spot, offload_kind_check
 from ckptbench.theory.estimate import estimate, estimate_case
 from tests.unit.test_strategies import cases, recorded  # one suite head and one record round trip

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from ckptbench import suite as suite_mod
-from ckptbench.spec import Case, Timing, TrainSpec, preset
-from ckptbench.suite import SuiteError, load_suite, parse_suite
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.suite import parse as suite_mod
+from ckptbench.suite.keys import SuiteError
+from ckptbench.suite.parse import load_suite, parse_suite
 
 BASE = {
     "model": 'preset = "llama-tiny"',
@@ -252,7 +254,7 @@ def test_out_that_is_a_file_and_report_into_a_directory(tmp_path, write_suite):
 
 
 def test_transformers_older_than_the_checkpointing_api_is_refused_in_one_line():
-    from ckptbench.env import MIN_TRANSFORMERS, unsupported_transformers
+    from ckptbench.base.env import MIN_TRANSFORMERS, unsupported_transformers
 
     assert unsupported_transformers("5.23.0") is None and unsupported_transformers(MIN_TRANSFORMERS) is None
     reason = unsupported_transformers("5.16.0")  # has every_n_layers but no offload
@@ -357,7 +359,9 @@ def test_setup_axes_cross_into_setups_and_name_the_points():
 
 
 def test_new_setup_fields_keep_old_ids_and_round_trip():
-    from ckptbench.spec import Case, Lora, Setup, TrainSpec
+    from ckptbench.spec.case import Case
+    from ckptbench.spec.setup import Lora, Setup
+    from ckptbench.spec.training import TrainSpec
 
     plain = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)
     mixed = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32,

@@ -21,9 +21,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from ..base.regularfile import open_regular
+from ..spec.case import FAMILIES, ModelSpec, canonical_config
 from .answers import remembered
-from .regularfile import open_regular
-from .spec import FAMILIES, ModelSpec, canonical_config
 
 # ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension
 # under one of them (:func:`config_keys`); the others are aliases it does not know.
@@ -242,7 +242,7 @@ def model_class(model_type: str) -> ModelClass:
     return ModelClass(known=answer["known"], supports_sdpa=answer["supports_sdpa"], dim_keys=keys)
 
 
-def _ask(args: list[str], what: str, module: str = "ckptbench.configs") -> dict:
+def _ask(args: list[str], what: str, module: str = "ckptbench.sources.configs") -> dict:
     """The JSON answer of ``python -m MODULE ARGS`` (a child interpreter, so torch stays out), kept on disk
     for the next command with the same transformers, torch and code (:mod:`.answers`)."""
     failed: list[str] = []

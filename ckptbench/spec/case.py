@@ -13,22 +13,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .runsetup import (  # noqa: F401  (the kinds of run, re-exported: a Case's setup is part of what a point is)
-    LOOPS,
-    OPTIMIZERS,
-    PRECISIONS,
-    SHARDINGS,
-    Lora,
-    Setup,
-    precision_name,
-)
-from .strategy import (  # noqa: F401  (which layers and ops are recomputed, re-exported: part of a point too)
-    SAC_POLICIES,
-    Recompute,
-    checkpointed_layers,
-    checkpointing_name,
-)
-from .trainspec import Timing, TrainSpec  # noqa: F401  (re-exported: a Case's [train] settings)
+from .setup import Setup, precision_name
+from .strategy import Recompute, checkpointed_layers, checkpointing_name
+from .training import TrainSpec
 
 FAMILIES = ("llama", "qwen2", "gpt2")  # the model types with an analytic estimate; any other runs, simulated
 # Config keys that change no tensor the estimate counts (no parameter, no saved activation): a config of an
@@ -262,7 +249,7 @@ class DataSpec:
     matter, but nothing can be learnt from it.  The text sources (``stdlib``: the Python standard
     library's ``.py`` files; ``file``: a text file; ``dataset``: a Hugging Face ``datasets`` cache entry)
     are byte-level, one token per byte, so any model with ``vocab >= 256`` trains on them without a
-    tokenizer; :mod:`ckptbench.corpus` reads and splits them, and each rank trains on its own shard.
+    tokenizer; :mod:`ckptbench.sources.corpus` reads and splits them, and each rank trains on its own shard.
     """
 
     source: str = "random"

@@ -1,5 +1,5 @@
 """The ``[train]`` table and the setup axes of a suite: precision × loop × LoRA rank × sharding × optimizer
-become the :class:`~ckptbench.runsetup.Setup` of each point, every wrong value a :class:`SuiteError`
+become the :class:`~ckptbench.spec.setup.Setup` of each point, every wrong value a :class:`SuiteError`
 naming its key."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import fields, replace
 
-from .runsetup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
-from .spec import Timing, TrainSpec
-from .suitekeys import LIMITS, _Checker, _is, compute_dtype
+from ..spec.setup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
+from ..spec.training import Timing, TrainSpec
+from .keys import LIMITS, _Checker, _is, compute_dtype
 
 LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "targets": list, "quantize": str}
 

@@ -55,8 +55,9 @@ def _version(dist: str) -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """Hash of every ``.py`` file of this package, in path order: what the children run."""
-    root = pathlib.Path(__file__).parent
+    """Hash of every ``.py`` file of this package (all of ckptbench, not only this folder), in path order:
+    what the children run."""
+    root = pathlib.Path(__file__).parents[1]
     h = hashlib.sha1()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")

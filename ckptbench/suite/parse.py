@@ -21,7 +21,9 @@ from dataclasses import asdict, replace
 
 import tomllib
 
-from .configs import (
+from ..base.env import torchrun_path
+from ..base.regularfile import open_regular
+from ..sources.configs import (
     DIM_WORDS,
     ConfigError,
     at_depth,
@@ -33,10 +35,8 @@ from .configs import (
     read_config_file,
     spec_values,
 )
-from .corpus import CorpusError, check_available
-from .env import torchrun_path
-from .regularfile import open_regular
-from .spec import (
+from ..sources.corpus import CorpusError, check_available
+from ..spec.case import (
     ATTENTIONS,
     BYTE_VOCAB,
     DATA_SOURCES,
@@ -44,7 +44,6 @@ from .spec import (
     DROPOUTS,
     DTYPES,
     FAMILIES,
-    PRECISIONS,
     PRESETS,
     SYNC_IMPLS,
     Case,
@@ -54,28 +53,24 @@ from .spec import (
     canonical_config,
     preset,
 )
-from .suitekeys import (  # noqa: E402,F401  (SuiteError and the key tables are this module's API too)
+from ..spec.setup import PRECISIONS
+from .keys import (
     AXES,
-    AXIS_DEFAULTS,
     DATA_KEYS,
     MAX_CROSSED,
     MAX_LAYERS,
     MODEL_DIMS,
-    MODEL_KEYS,
     MODEL_SOURCES,
     SETUP_AXES,
-    SLURM_KEYS,
     STRATEGY_AXES,
-    SUITE_KEYS,
     TABLES,
-    TRAIN_KEYS,
     SuiteError,
     _Checker,
     _is,
     compute_dtype,
 )
-from .suitesetup import setups, train_spec
-from .suitestrategy import offload_point, strategies
+from .setup import setups, train_spec
+from .strategy import offload_point, strategies
 
 
 def _source(ck: _Checker, table: dict) -> dict:
@@ -246,7 +241,7 @@ def _name(ck: _Checker, suite: dict, path: str) -> str:
 
 
 def launcher_available() -> bool:
-    """torchrun found (:func:`.env.torchrun_path`): needed for Cases with world_size > 1."""
+    """torchrun found (:func:`~ckptbench.base.env.torchrun_path`): needed for Cases with world_size > 1."""
     return torchrun_path() is not None
 
 

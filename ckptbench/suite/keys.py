@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .spec import PRECISIONS
+from ..spec.setup import PRECISIONS
 
 # A suite's axes may cross to more points than a sweep runs without --yes (cli/sweep.py's MAX_POINTS), but
 # not to more than this: each point is a Case in memory before anything runs.
@@ -41,7 +41,7 @@ AXES = {"seed": int, "precision": str, "loop": str, "lora_r": int, "sharding": s
 # seed: [train.seed]; precision: [model.precision] (or model.dtype); loop, sharding, optimizer: [train.*];
 # lora_r: [train.lora].r (0: no adapters, full fine-tuning)
 SETUP_AXES = ("precision", "loop", "lora_r", "sharding", "optimizer")
-# every_n_layers and checkpoint_layers (layer sets) are one axis, crossed with sac (suitestrategy.py)
+# every_n_layers and checkpoint_layers (layer sets) are one axis, crossed with sac (strategy.py)
 STRATEGY_AXES = ("every_n_layers", "checkpoint_layers", "sac", "compile_budget")
 AXIS_DEFAULTS = {"every_n_layers": [0], "checkpoint_layers": [], "sac": ["off"], "compile_budget": [], "offload": [False], "local_sgd_steps": [0], "grad_accum": [1],
                  "world_size": [1], "sync_impl": ["accelerate"], "seed": [], **dict.fromkeys(SETUP_AXES, [])}
@@ -111,7 +111,7 @@ class _Checker:
             self.fail(f"sweep.{key}", f"each value is a layer set, a list: write [{values!r}] for the one set "
                       f"{values!r}")
         for v in values:
-            if not _is(v, AXES[key]) and not (key == "offload" and isinstance(v, str)):  # a kind: suitestrategy
+            if not _is(v, AXES[key]) and not (key == "offload" and isinstance(v, str)):  # a kind: strategy.py
                 self.fail(f"sweep.{key}", f"values must be {_type_name(AXES[key])}s, got {v!r}")
         seen: set = set()
         for v in values:  # one pass: a 40,000-value axis is checked as fast as a short one
