@@ -66,20 +66,19 @@ def run_model(name: str, index: int, out: str) -> str:
 def held_out(run_dir: str, other_shapes: bool = False) -> list[dict]:
     """Every ok point of the run, predicted from all the others (leave one out); with `other_shapes`, from
     the points at other (batch, seq) alone."""
-    from ckptbench.run.calibration import read_calibration
+    from ckptbench.run.calibration import calibrated_link, read_calibration
     from ckptbench.spec.case import Case
     from ckptbench.store.records import load_records
-    from ckptbench.theory.steptime import predict
+    from ckptbench.theory.steptime import baselines, predict_from
 
     records = [r for r in load_records(run_dir).records if r.get("status") == "ok"]
-    cal = read_calibration(os.path.join(run_dir, "calibration.json"), verify=True)
-    links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
+    link = calibrated_link(read_calibration(os.path.join(run_dir, "calibration.json"), verify=True))
+    bases = baselines(records)  # each record read once; predict_from leaves the target's own out
     rows = []
     for r in records:
         case = Case.from_dict(r["case"])
-        others = [o for o in records if o is not r and o["case_id"] != r["case_id"] and not (
-            other_shapes and (o["case"]["batch_size"], o["case"]["seq_len"]) == (case.batch_size, case.seq_len))]
-        p = predict(case, others, min(links) if links else None)
+        others = [b for b in bases if not (other_shapes and b.shape == (case.batch_size, case.seq_len))]
+        p = predict_from(case, others, link)
         measured = r["measurement"].get("step_time_median_s")
         row = {"model": case.model.label, "strategy": r["strategy"], "batch": case.batch_size, "seq": case.seq_len,
                "measured": measured, "load": (r.get("env") or {}).get("load_average", "")}

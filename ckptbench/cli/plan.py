@@ -183,7 +183,7 @@ def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
 
 
 def assumptions(args):
-    from ..run.calibration import read_calibration
+    from ..run.calibration import calibrated_link, read_calibration
     from ..theory import plan as planner
 
     if args.sharding == "fsdp" and (args.world < 2 or args.local_sgd_steps):
@@ -222,9 +222,9 @@ def assumptions(args):
     if cal.get("matmul_flops_per_s"):
         a["peak_flops_per_s"] = cal["matmul_flops_per_s"]
         sources["peak_flops_per_s"] = f"calibration {args.calibration}"
-    links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
-    if links:
-        a["link_bytes_per_s"] = min(links)
+    link = calibrated_link(cal)
+    if link:
+        a["link_bytes_per_s"] = link
         sources["link_bytes_per_s"] = f"calibration {args.calibration}"
     return case, planner.Assumptions(**a, sources=sources)
 

@@ -20,6 +20,8 @@ import os
 import statistics
 from dataclasses import replace
 
+from ..base.finite import finite_number
+from ..base.regularfile import open_regular
 from ..spec.case import Case
 from ..spec.strategy import Recompute
 from ..store.files import write_text_atomic
@@ -122,10 +124,10 @@ class MeasuredTimer:
                 f"transformed by the step-time model{where}")
 
     def _read(self) -> dict:
-        if not self.path or not os.path.isfile(self.path):
+        if not self.path or not os.path.exists(self.path):
             return {}
         try:
-            with open(self.path, encoding="utf-8") as fh:
+            with open_regular(self.path, "r", encoding="utf-8") as fh:  # a FIFO or a directory there: refused
                 data = json.load(fh)
         except (OSError, ValueError, RecursionError):
             return {}
@@ -176,5 +178,6 @@ class MeasuredTimer:
         return step + sum(added_s(case, forward, self.link))
 
 
+
 def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and x == x and x != float("inf")
+    return finite_number(x) and x > 0

@@ -70,3 +70,9 @@ def read_calibration(path: str | None, verify: bool = False, label: str = "--cal
                                   or not math.isfinite(value) or value <= 0):
             raise UsageError(f"{label}{path}: {key}: must be a positive number, got {value!r}")
     return data
+
+
+def calibrated_link(cal: dict) -> float | None:
+    """The pinned host↔device link a calibration measured (the slower way), or None when it has none."""
+    links = [cal[k] for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
+    return min(links) if links else None

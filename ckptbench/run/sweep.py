@@ -163,23 +163,24 @@ def _load_now(result: dict) -> dict:
     return env
 
 
-def step_time_prediction(case: Case, earlier: list[dict], out_dir: str) -> dict:
-    """The step-time model's prediction for a point that ran (:func:`ckptbench.theory.steptime.predict`), from
-    the run's points recorded before it, at the pinned link a calibration in the run's directory measured
-    (``calibration.json``, as ``ckptbench calibrate`` writes it; else the model's assumed link)."""
-    from ..theory.steptime import predict
-    from .calibration import read_calibration
+def run_link(out_dir: str) -> float | None:
+    """The pinned link a calibration in the run's directory measured (``calibration.json``, as ``ckptbench
+    calibrate`` writes it; a CUDA run's offload copies are priced at it), or None (the model's assumed link)."""
+    from .calibration import calibrated_link, read_calibration
 
-    link = None
-    if case.device == "cuda":
-        try:
-            cal = read_calibration(os.path.join(out_dir, "calibration.json"), verify=True)
-        except UsageError:
-            cal = {}
-        links = [cal.get(k) for k in ("h2d_bytes_per_s", "d2h_bytes_per_s") if cal.get(k)]
-        link = min(links) if links else None
     try:
-        return predict(case, earlier, link)
+        return calibrated_link(read_calibration(os.path.join(out_dir, "calibration.json"), verify=True))
+    except UsageError:
+        return None
+
+
+def step_time_prediction(case: Case, measured: list, link: float | None) -> dict:
+    """The step-time model's prediction for a point that ran (:func:`ckptbench.theory.steptime.predict_from`),
+    from the baselines of the run's points recorded before it, offload's copies at `link` on CUDA."""
+    from ..theory.steptime import predict_from
+
+    try:
+        return predict_from(case, measured, link if case.device == "cuda" else None)
     except Exception as exc:  # the prediction never costs the point its record
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
@@ -281,6 +282,10 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     shard = f"{options.shard[0]}/{options.shard[1]}"
     baseline = [WORKER_BASELINE_BYTES]  # a worker's resident memory before its step: measured by each worker
+    from ..theory.steptime import Baseline, baselines
+
+    measured = baselines(recorded)  # the step-time model's baselines, each record read once
+    link = run_link(options.out_dir)
 
     def not_started(case: Case) -> dict | None:
         if deadline is not None and time.monotonic() >= deadline:
@@ -303,7 +308,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
             baseline[0] = max(baseline[0], result["baseline_rss_bytes"])
         _judge_budget(result, suite.memory_budget_bytes)
         if result.get("status") == "ok" and case.world_size == 1:  # from the run's other points, never its own
-            result["measurement"]["step_time_model"] = step_time_prediction(case, recorded + records, options.out_dir)
+            result["measurement"]["step_time_model"] = step_time_prediction(case, measured, link)
         record = make_record(suite, case, result, host_env, annotate, repeat, repeats)
         record["attempt"] = attempts.get((case.id, repeat), 1)
         record["placement"] = {**(placement.to_dict() if placement else {}), "shard": shard, "job": options.job}
@@ -313,6 +318,8 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
             record["load"] = record_load(record)
         store.append(record)
         records.append(record)
+        if (base := Baseline.of(record)) is not None:  # read once, for the points after it
+            measured.append(base)
         if on_record is not None:
             on_record(record, len(records), len(todo))
 

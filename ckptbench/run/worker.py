@@ -80,6 +80,7 @@ class StepSchedule:
         # each decoder layer's forward, timed in place during the timed steps (the step-time model's baseline);
         # a compiled point's layers run inside inductor's graphs, where hooks would break them
         self.clock = None if case.compiled or not layers else LayerClock(layers, device, model)
+        self.layer_times: dict = {}  # the clock's result, once finished
         # host seconds each kind of step took, start to end (a CUDA step's queue drained at its end): the
         # point's steps, against which the harness's cost (the record's `harness_ratio`) is stated
         self.steps_s = {"warmup": 0.0, "memory": 0.0, "timed": 0.0}
@@ -151,6 +152,9 @@ class StepSchedule:
     def finish(self) -> StepStats:
         self._close()
         self._window = None
+        if self.clock is not None:  # the timed steps' layer forwards, read once their events are done
+            self.layer_times = self.clock.result()
+            self.clock.close()
         return self.stats
 
     def timing(self) -> dict:
@@ -209,9 +213,6 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         schedule = StepSchedule(case, device, layers, fault, time_left, model)
         loop.run(schedule)
         stats = schedule.finish()
-        layer_times = schedule.clock.result() if schedule.clock is not None else {}
-        if schedule.clock is not None:
-            schedule.clock.close()
         mem = schedule.mem
         steps = schedule.steps
         timer = schedule.timer
@@ -240,7 +241,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "tokens_per_s": case.tokens_per_step / stats.median_s if stats.median_s > 0 else None,
         "timer": timer.kind,
         "losses": losses,
-        "layer_times": layer_times,  # each decoder layer's forward in the timed steps: the step-time baseline
+        "layer_times": schedule.layer_times,  # each decoder layer's forward in the timed steps: the step-time baseline
         **schedule.timing(),
         "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
                   "timed": len(stats.times_s), "memory_steps_timed": False},

@@ -57,6 +57,7 @@ class Baseline:
     step_s: float
     forward_s: tuple[float, ...]  # each decoder layer's forward, median over the timed steps
     case_id: str
+    group: str  # :func:`group_key` of its case: which points it may predict
 
     @classmethod
     def of(cls, record: dict) -> Baseline | None:
@@ -76,7 +77,7 @@ class Baseline:
             return None
         if case.compiled or case.world_size > 1 or len(times) != case.model.layers:
             return None
-        return cls(case, float(step), tuple(float(t) for t in times), record.get("case_id", case.id))
+        return cls(case, float(step), tuple(float(t) for t in times), record.get("case_id", case.id), group_key(case))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -186,10 +187,20 @@ def fitted(target: Case, bases: list[Baseline], link_bytes_per_s: float) -> floa
     return _fit(steps)(b, s) + sum(added_s(target, forward, link_bytes_per_s))
 
 
+def baselines(records: list[dict]) -> list[Baseline]:
+    """The baselines `records` give (each read once: a caller predicting many points keeps this list)."""
+    return [b for b in (Baseline.of(r) for r in records) if b is not None]
+
+
 def predict(target: Case, records: list[dict], link_bytes_per_s: float | None = None) -> dict:
-    """The step-time model's answer for `target` from `records` (points that ran; the target's own record
-    is never used), as the record keeps it: ``predicted_s`` with its ``method`` and ``baselines``, or
-    ``error`` saying why there is none."""
+    """The step-time model's answer for `target` from `records` (points that ran): :func:`predict_from`."""
+    return predict_from(target, baselines(records), link_bytes_per_s)
+
+
+def predict_from(target: Case, measured: list[Baseline], link_bytes_per_s: float | None = None) -> dict:
+    """The step-time model's answer for `target` from `measured` baselines (the target's own is never
+    used), as the record keeps it: ``predicted_s`` with its ``method`` and ``baselines``, or ``error``
+    saying why there is none."""
     if target.compiled:
         return {"error": "a compiled point runs inductor's kernels: no eager baseline transforms into it"}
     if target.world_size > 1:
@@ -197,8 +208,7 @@ def predict(target: Case, records: list[dict], link_bytes_per_s: float | None = 
     link = link_bytes_per_s or HOST_LINK_BYTES_PER_S
     link_note = "measured" if link_bytes_per_s else "assumed"
     key = group_key(target)
-    bases = [b for b in (Baseline.of(r) for r in records) if b is not None and b.case_id != target.id
-             and group_key(b.case) == key]
+    bases = [b for b in measured if b.case_id != target.id and b.group == key]
     why = transformable(target)
     if why:  # only its own policy's steps know what it recomputes
         bases = [b for b in bases if b.case.recompute == target.recompute and b.case.offload == target.offload

@@ -73,6 +73,11 @@ def test_a_baselines_file_that_does_not_read_back_is_ignored(tmp_path, text):
     assert baselines.MeasuredTimer(str(tmp_path)).kept == {}
 
 
+def test_a_baselines_file_that_is_no_regular_file_is_ignored_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "baselines.json")  # opening a FIFO for reading would wait for a writer
+    assert baselines.MeasuredTimer(str(tmp_path)).kept == {}
+
+
 def test_a_card_plan_says_its_step_times_are_datasheet_rates(capsys):
     rc = main(["plan", "--model", "llama-tiny", "--device", "h100", "--seq", "64", "--precision", "bf16",
                "--attn", "sdpa"])
