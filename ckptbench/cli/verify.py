@@ -100,6 +100,12 @@ def verify(args, planned, options, a, predict, timer=None) -> int:
     for line in summary_lines(measured_records, [(f" within the plan's {a.memory_bytes / 2**30:.2f} GiB (measured)",
                                                   allowance)]):
         print(line)
+    if getattr(args, "html", None):  # the plan page again, each measured point beside its prediction
+        from ..report.plan_section import plan_page
+
+        write_text_atomic(args.html, plan_page({**to_dict(options, a, args.seq, spec.label),
+                                                "memory_source": predict.source}, measured_records))
+        print(f"plan page with the measured points: {args.html}")
     if args.calibration:
         print(f"{args.calibration}: read, not written (nothing is fitted to the verify points)")
     return 0

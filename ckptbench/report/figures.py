@@ -17,12 +17,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .columns import strategy_order  # noqa: E402
 
 MIB = 2**20
 MAX_PANELS = 6
+LINE_POINTS = 120  # past this many distinct values on a line's axis, the line is drawn over log-spaced bins
+LINE_PANELS = 3  # memory-vs-axis panels side by side: more would not fit a laptop's width
+MARKED = 40  # lines of more points are drawn without markers
+TICKED = 12  # past this many distinct values, the axis's own ticks instead of one per value
 DENSE = 200  # from this many markers in one axes on, they are drawn as one embedded image, not as paths
 STYLE = {"svg.fonttype": "path", "svg.hashsalt": "ckptbench", "font.size": 9, "axes.grid": True,
          "grid.alpha": 0.3, "figure.dpi": 100}
@@ -59,6 +65,21 @@ def _bar_pairs(ax, left, right, left_label: str, right_label: str) -> range:
     if any(not math.isnan(v) for v in right):
         ax.bar([i + 0.2 for i in x], list(right), 0.4, label=right_label)
     return x
+
+
+def chosen(values: list, limit: int = MAX_PANELS) -> list:
+    """All of `values` up to `limit`, else `limit` of them evenly spaced over the sorted list (first and
+    last included): a finely stepped sweep's panels show its range, not its first few values."""
+    if len(values) <= limit:
+        return list(values)
+    return [values[int(i)] for i in np.unique(np.linspace(0, len(values) - 1, limit).round())]
+
+
+def panels_note(shown: int, total: int, what: str) -> str:
+    """The caption's word on panels left out (empty when every one is drawn)."""
+    if shown >= total:
+        return ""
+    return f" {shown} of {total} {what} drawn, evenly spaced over them; every point is in the CSV export."
 
 
 def _colors(names: list[str]) -> dict[str, tuple]:
@@ -103,10 +124,16 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
     ok["series"] = _series(ok)
     # points of one series at one (batch, seq) (seeds, repeats of a setting) are drawn as their median
     values = ["after_fwd", "est_after_fwd", "peak", "est_peak"]
+    binned = ok[axis].nunique() > LINE_POINTS
+    if binned:  # a finely stepped axis: the median of each of LINE_POINTS log-spaced bins, said in the caption
+        edges = np.geomspace(ok[axis].min(), ok[axis].max() * (1 + 1e-9), LINE_POINTS + 1)
+        ok[axis] = np.sqrt(edges[:-1] * edges[1:])[np.clip(np.searchsorted(edges, ok[axis], side="right") - 1, 0,
+                                                           LINE_POINTS - 1)]
     ok = ok.groupby(["series", "variant", "strategy", axis, other], as_index=False, sort=False)[values].median()
     names = _series_names(ok)
     colors = _colors(names)
-    panels = sorted(ok[other].unique())[:MAX_PANELS]
+    every = sorted(ok[other].unique())
+    panels = chosen(every, LINE_PANELS)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels) + 1.5, 6.4), squeeze=False,
                                  sharex=True)
@@ -119,7 +146,8 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
                     s = sub[sub["series"] == name].sort_values(axis)
                     if s.empty:
                         continue
-                    ax.plot(s[axis], s[col] / MIB, color=colors[name], label=name, **_line_style(name))
+                    style = _line_style(name) if len(s) <= MARKED else {"linestyle": _line_style(name)["linestyle"]}
+                    ax.plot(s[axis], s[col] / MIB, color=colors[name], label=name, **style)
                     if s[est].notna().any():
                         ax.plot(s[axis], s[est] / MIB, linestyle="--", color=colors[name], alpha=0.8,
                                 label=f"{name} (estimate)")
@@ -127,8 +155,11 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
                 ax.set_ylabel("MiB")
                 ax.set_xscale("log", base=2)
                 ticks = sorted(ok[axis].unique())
-                ax.set_xticks(ticks, [f"{v:.0f}" for v in ticks])
-                ax.minorticks_off()
+                if len(ticks) <= TICKED:  # each measured value named; past that, the log axis's own ticks
+                    ax.set_xticks(ticks, [f"{v:.0f}" for v in ticks])
+                    ax.minorticks_off()
+                else:
+                    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.0f}"))
                 if i == 1:
                     ax.set_xlabel("sequence length" if axis == "seq" else "batch size")
         handles, labels = axes[0][0].get_legend_handles_labels()
@@ -136,8 +167,12 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
         uri = _encode(fig)
     title = "Memory vs sequence length" if axis == "seq" else "Memory vs batch size"
     dashed = " Dashed: analytic estimate." if ok["est_peak"].notna().any() else ""
+    if binned:
+        dashed += (f" The {'sequence lengths' if axis == 'seq' else 'batch sizes'} are binned into {LINE_POINTS} "
+                   "log-spaced bins, each drawn at its middle as the median of its points.")
     return Figure(title, uri, f"{title}, one line per checkpointing strategy",
-                  f"Solid: measured (live tensor bytes), the median where several points share a setting.{dashed}")
+                  f"Solid: measured (live tensor bytes), the median where several points share a setting.{dashed}"
+                  + panels_note(len(panels), len(every), "batch sizes" if other == "batch" else "sequence lengths"))
 
 
 def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
@@ -147,7 +182,8 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
         return None
     ok["series"] = _series(ok)
     names = _series_names(ok)
-    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    every = sorted(set(zip(ok["batch"], ok["seq"])))
+    shapes = chosen(every)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, len(shapes), figsize=(max(5.0, 1.0 * len(names)) * len(shapes), 3.8),
                                  squeeze=False)
@@ -169,7 +205,8 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
         axes[0][0].legend(frameon=False)
         uri = _encode(fig)
     return Figure("Memory by strategy", uri, "after-forward and peak memory per strategy",
-                  "Measured after-forward and peak memory; black marks are the analytic estimate when present.")
+                  "Measured after-forward and peak memory; black marks are the analytic estimate when present."
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
 
 
 BREAKDOWN = (("bd_params", "params"), ("bd_grads", "grads"), ("bd_optimizer", "optimizer"),
@@ -184,7 +221,8 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
         return None
     ok["series"] = _series(ok)
     names = _series_names(ok)
-    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    every = sorted(set(zip(ok["batch"], ok["seq"])))
+    shapes = chosen(every)
     ncols, nrows = _grid(len(shapes))
     colors = plt.get_cmap("Set2")
     with plt.rc_context(STYLE):
@@ -208,7 +246,8 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
         uri = _encode(fig)
     return Figure("Memory breakdown at peak", uri, "stacked bars of params, grads, optimizer, activations",
-                  "Live bytes at the peak, split by what owns them.")
+                  "Live bytes at the peak, split by what owns them."
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
 
 
 def _k_label(k: float) -> str:

@@ -151,29 +151,64 @@ def short_name(row: dict, many_batches: bool) -> str:
     return f"{row['strategy']}" + (f" · batch {row['batch']:.0f}" if many_batches else "")
 
 
-def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[dict]:
-    """One row per (variant, sequence length, budget): the fastest setting that fits, or the tie.  Each
-    budget is (its label, bytes or None for no budget)."""
+@dataclass
+class GroupAnswers:
+    """One (variant, sequence length) group's answers: its lowest-peak point and, per budget, the fastest
+    setting that fits (or the tie).  ``rows`` are the group's ok records as dicts; ``frame()`` is the tidy
+    slice, taken only when a caller sets a point against no checkpointing (20,000 slices cost seconds)."""
+
+    variant: str
+    seq: float
+    where: str
+    many_batches: bool
+    rows: list[dict]
+    lowest: dict | None
+    fastest: list[tuple[str, float | None, Answer]]  # (budget label, budget bytes or None, answer)
+    _ok: pd.DataFrame = field(repr=False, default=None)
+    _at: object = field(repr=False, default=None)
+
+    def frame(self) -> pd.DataFrame:
+        return self._ok.iloc[self._at]
+
+    def name(self, row: dict) -> str:
+        return short_name(row, self.many_batches)
+
+
+def group_answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[GroupAnswers]:
+    """Per (variant, sequence length), in that order: the lowest peak and each budget's answer.  Each budget
+    is (its label, bytes or None for no budget)."""
     ok = t[t["ok"]]
-    rows = []
+    out = []
     many_variants = ok["variant"].nunique() > 1
     flags = oversubscribed_rows(ok)
     every = ok.to_dict("records")  # once: a large run's frame is wide, and converting it is most of the time
     for (variant, seq), at in sorted(ok.groupby(["variant", "seq"]).indices.items()):
-        group = ok.iloc[at]
-        many_batches = group["batch"].nunique() > 1
-        where = f"seq {seq:.0f}" + (f" · {variant}" if many_variants else "")
         records = [every[i] for i in at]
+        many_batches = len({r["batch"] for r in records}) > 1
+        where = f"seq {seq:.0f}" + (f" · {variant}" if many_variants else "")
         peaks = [r for r in records if finite_number(r.get("peak"))]
-        if peaks:
-            low = min(peaks, key=lambda r: r["peak"])
-            rows.append({"question": f"{where}: lowest peak memory", "answer": short_name(low, many_batches),
-                         "value": _bytes(low["peak"]), "against": against_none(low, group)})
+        lowest = min(peaks, key=lambda r: r["peak"]) if peaks else None
+        fast = []
         for label, limit in budgets:
             within = [r for r in records if limit is None or (finite_number(r.get("peak")) and r["peak"] <= limit)]
             cands = [c for c in (candidate(r, short_name(r, many_batches)) for r in within) if c is not None]
-            answer, value, against = describe(fastest(cands, lambda c: flags.get(c.row.get("case_id"), False)), group)
-            rows.append({"question": f"{where}: fastest{label}", "answer": answer, "value": value, "against": against})
+            fast.append((label, limit, fastest(cands, lambda c: flags.get(c.row.get("case_id"), False))))
+        out.append(GroupAnswers(variant, seq, where, many_batches, records, lowest, fast, ok, at))
+    return out
+
+
+def answers(t: pd.DataFrame, budgets: list[tuple[str, float | None]]) -> list[dict]:
+    """One row per (variant, sequence length, question): the lowest peak, then per budget the fastest
+    setting that fits, or the tie."""
+    rows = []
+    for g in group_answers(t, budgets):
+        group = g.frame()
+        if g.lowest is not None:
+            rows.append({"question": f"{g.where}: lowest peak memory", "answer": g.name(g.lowest),
+                         "value": _bytes(g.lowest["peak"]), "against": against_none(g.lowest, group)})
+        for label, _, answer in g.fastest:
+            text, value, against = describe(answer, group)
+            rows.append({"question": f"{g.where}: fastest{label}", "answer": text, "value": value, "against": against})
     return rows
 
 

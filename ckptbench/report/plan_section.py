@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-import matplotlib.pyplot as plt
-
 from ..base.regularfile import open_regular
 from ..spec.setup import precision_name
-from .figures import STYLE, Figure, _encode
+from .figures import Figure
 
 PLAN_FILE = "plan.json"
 
@@ -27,29 +25,37 @@ def load_plan(run_dir: str) -> dict | None:
         return json.load(fh)
 
 
-def plan_figure(plan: dict, shown: int = 16) -> Figure | None:
-    """Largest batch (bars) and predicted tokens/s (points) per strategy, the fastest first."""
-    from matplotlib.ticker import MaxNLocator
+def _name(strategy: str, batch) -> str:
+    return f"{strategy} · batch {batch}"
 
-    options = [o for o in plan.get("rows", plan["options"]) if o["max_batch"]][:shown]
+
+def plan_figure(plan: dict, records: list[dict] | None = None) -> Figure | None:
+    """The headline's picture for a plan: each ranked strategy at its largest batch as a predicted point of
+    peak memory against tokens/s, the frontier, the memory planned for as the budget line, the
+    recommendation starred; with `records` (``--verify``'s), each measured point beside its prediction."""
+    from .frontier import Panel, Point, figure
+
+    options = [o for o in plan.get("rows", plan["options"])
+               if o.get("max_batch") and o.get("tokens_per_s") and o.get("peak_bytes")]
     if not options:
         return None
-    names = [o["strategy"] for o in options]
-    with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(names) + 2), 4.0))
-        colors = ["#d62728" if k == 0 else "#7f7f7f" for k in range(len(names))]
-        ax.bar(range(len(names)), [o["max_batch"] for o in options], color=colors)
-        ax.set_xticks(range(len(names)), names, rotation=60, ha="right")
-        ax.set_ylabel("largest batch that fits")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # batches are whole numbers
-        tps = ax.twinx()
-        tps.plot(range(len(names)), [o["tokens_per_s"] or 0 for o in options], "o", color="black")
-        tps.set_ylabel("predicted tokens/s")
-        tps.set_ylim(bottom=0)  # from zero: a 1 % difference looks like one
-        uri = _encode(fig)
-    return Figure("Plan: largest batch and predicted tokens/s per strategy", uri,
-                  "bars: largest fitting batch per strategy; points: predicted tokens/s",
-                  f"Fastest first; the recommendation is red. {plan['recommendation']}")
+    points = [Point(_name(o["strategy"], o["max_batch"]), o["strategy"], float(o["peak_bytes"]),
+                    float(o["tokens_per_s"])) for o in options]
+    memory = (plan.get("assumptions") or {}).get("memory_bytes")
+    budgets = [(f"{memory / 2**30:.2f} GiB planned for", float(memory))] if isinstance(memory, (int, float)) else []
+    overlay = [Point(_name(r["point"].split(" b=")[0], r["point"].split(" b=")[1]), "measured",
+                     float(r["peak_meas"]), float(r["tps_meas"]))
+               for r in predicted_vs_measured(records or [], plan) if r["peak_meas"] and r["tps_meas"]]
+    panel = Panel(f"{plan.get('model') or 'plan'}, seq {plan.get('seq_len')}", points, budgets,
+                  {points[0].name: ["recommended"]}, overlay)
+    measured = f"; ✕ marks {len(overlay)} measured point(s), joined to their predictions" if overlay else ""
+    alt = (f"Predicted tokens/s against predicted peak memory for {len(points)} strategies at their largest "
+           f"batch, the frontier as a staircase, the memory planned for as a dashed line, the recommendation "
+           f"({points[0].name}) starred{measured}.")
+    caption = ("Predicted, each strategy at the largest batch that fits; the staircase is the frontier (left of "
+               "the memory line, its highest step is the fastest that fits). " + plan["recommendation"]
+               + (" Measured points (✕) are --verify's, dotted to the prediction they check." if overlay else ""))
+    return figure([panel], "Plan: predicted tokens/s against predicted peak memory", alt, caption)
 
 
 def _same_setup(plan: dict, case: dict) -> bool:
@@ -102,11 +108,12 @@ def _where(plan: dict) -> str:
     return where + (f" × {world} ranks ({a.get('sharding', 'ddp')})" if world > 1 else "")
 
 
-def plan_page(plan: dict) -> str:
-    """A plan on its own, as one self-contained HTML page: the chart, every strategy, the assumptions."""
+def plan_page(plan: dict, records: list[dict] | None = None) -> str:
+    """A plan on its own, as one self-contained HTML page: the chart, every strategy, the assumptions; with
+    `records` (``--verify``'s), the measured points drawn beside their predictions."""
     from html import escape
 
-    fig = plan_figure(plan)
+    fig = plan_figure(plan, records)
     gib = 2**30
     def cell(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
@@ -129,7 +136,8 @@ def plan_page(plan: dict) -> str:
             "td:first-child{text-align:left}.best{background:#fde0dc;font-weight:bold}</style></head><body>"
             f"<h1>Plan: {escape(str(plan.get('model')))} at seq {plan.get('seq_len')}, {escape(_where(plan))}</h1>"
             f"<p><strong>Recommended:</strong> {escape(plan['recommendation'])}</p>"
-            + (f"<img alt='{escape(fig.alt)}' src='{fig.uri}'>" if fig else "")
+            + (f"<figure><img style='max-width:100%;height:auto' alt='{escape(fig.alt)}' src='{fig.uri}'>"
+               f"<figcaption>{escape(fig.caption)}</figcaption></figure>" if fig else "")
             + "<table><tr><th>strategy</th><th>max batch</th><th>max seq @b1</th><th>peak GiB</th>"
             "<th>step s</th><th>tokens/s</th></tr>" + rows + "</table>" + left_out
             + f"<p>Memory and FLOPs: {escape(str(plan.get('memory_source', '')))}</p>"

@@ -19,10 +19,12 @@ from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
 from ..theory.simulated import beside_measurements, load_simulated
 from . import (
+    answers_table,
     check_format,
     checks,
     env_table,
     figures,
+    frontier,
     headline,
     localsgd_quality,
     loss_curves,
@@ -70,6 +72,7 @@ class Context:
     data: dict = field(default_factory=dict)
     present: dict = field(default_factory=dict)
     tidy: object = None  # the tidy records frame the sections were built from (the CSV is written from it)
+    groups: list = field(default_factory=list)  # the headline's answers per group (the answers CSV)
 
 
 def read_suite(run_dir: str) -> SuiteInfo:
@@ -135,7 +138,11 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     finished = frame["finished_at"].dropna().astype(str) if "finished_at" in frame.columns else []
     d["finished"] = (min(finished), max(finished)) if len(finished) else None
 
-    d["headline"] = _guard(ctx, "headline", lambda: headline.headline(t, suite.budgets_gib), [])
+    ctx.groups = _guard(ctx, "headline", lambda: headline.group_answers(t, headline.budgets_of(suite.budgets_gib)), [])
+    d["headline_fig"] = _guard(ctx, "headline figure", lambda: frontier.headline_figure(ctx.groups))
+    d["headline"], d["headline_total"] = _guard(ctx, "headline", lambda: answers_table.distinct_rows(ctx.groups),
+                                                ([], 0))
+    d["answers_csv"] = None
     d["load"] = _guard(ctx, "headline", lambda: headline.load_text(headline.load_note(t)), "")
     d["savings"] = _guard(ctx, "headline", lambda: tables.savings(t), [])
     d["offload_notes"] = tables.offload_notes(t)
@@ -172,7 +179,7 @@ def build_context(run_dir: str, baseline_dir: str | None = None, loaded=None) ->
     d["failures"] = tables.failure_rows(t)
     d["plan"] = _guard(ctx, "plan", lambda: plan_section.load_plan(run_dir))
     if d["plan"]:
-        d["plan_fig"] = _guard(ctx, "plan", lambda: plan_section.plan_figure(d["plan"]))
+        d["plan_fig"] = _guard(ctx, "plan", lambda: plan_section.plan_figure(d["plan"], loaded.records))
         d["plan_rows"] = _guard(ctx, "plan", lambda: plan_section.predicted_vs_measured(loaded.records, d["plan"]), [])
     if baseline_dir is not None:
         d["baseline_dir"] = baseline_dir
@@ -228,6 +235,12 @@ def render_report(run_dir: str, out_path: str, baseline_dir: str | None = None, 
             ctx.data["checks_csv"] = os.path.basename(path)
     else:
         remove_quietly(path)  # an earlier render's checks are not this run's
+    answers = answers_table.csv_path(out_path)
+    if ctx.groups:
+        if _guard(ctx, "answers CSV", lambda: answers_table.write_answers_csv(ctx.groups, answers)) is not None:
+            ctx.data["answers_csv"] = os.path.basename(answers)
+    else:
+        remove_quietly(answers)
     try:
         html = render_html(ctx)
     except Exception as exc:  # noqa: BLE001 - a template bug must still leave a readable file behind

@@ -16,7 +16,6 @@ import pandas as pd
 from ..measure.interval import coverage_label
 from .figures import (
     DENSE,
-    MAX_PANELS,
     MIB,
     STYLE,
     Figure,
@@ -27,6 +26,8 @@ from .figures import (
     _line_style,
     _series,
     _series_names,
+    chosen,
+    panels_note,
     plt,
 )
 from .tables import pareto_mask
@@ -119,7 +120,8 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
     ok["series"] = _series(ok)
     names = _series_names(ok)
     colors = _colors(names)
-    shapes = sorted(set(zip(ok["batch"], ok["seq"])))[:MAX_PANELS]
+    every = sorted(set(zip(ok["batch"], ok["seq"])))
+    shapes = chosen(every)
     ncols, nrows = _grid(len(shapes))
     on_front = drawn = shown = 0
     thinned = False
@@ -156,7 +158,8 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
                   f"(over one median per repeat from 3 repeats; none with fewer than 3), covering "
                   f"{_coverages(ok)}"
                   f"{f', on the front points of panels of {DENSE} points or more' if thinned else ''}."
-                  f"{thinned_note(shown, drawn)}")
+                  f"{thinned_note(shown, drawn)}"
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
 
 
 def _coverages(ok: pd.DataFrame) -> str:

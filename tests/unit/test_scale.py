@@ -125,6 +125,51 @@ def test_a_large_run_renders_a_bounded_page_with_every_failing_check(big_run, tm
     assert {r["case_id"] for r in rows} == {r["case_id"] for r in loaded.records if r.get("checks")}
 
 
+# A page of 20,000 records stays under this whatever varies from point to point (a sweep's shape)
+SHAPE_BOUND = 10 * 2**20
+
+
+def _shape_page(tmp_path, n: int, vary: str) -> tuple[str, str]:
+    run = write_run(str(tmp_path / f"run-{vary}"), n, vary=vary)
+    path = render_report(run, str(tmp_path / f"{vary}.html"))
+    return run, open(path, encoding="utf-8").read()
+
+
+def _figures_are_bounded(html: str) -> None:
+    from ckptbench.report.answers_table import SHOWN
+    from ckptbench.report.figures import MAX_PANELS
+
+    assert "could not be rendered" not in html
+    table = html.split('<table class="headline">', 1)[1].split("</table>", 1)[0]
+    assert 0 < table.count("<tr>") - 1 <= SHOWN
+    for fig in re.findall(r'<figure><img src="data:image/svg\+xml;base64,([^"]+)"', html):
+        assert len(fig) < 2 * 2**20  # each figure thinned, binned or its panels chosen: no figure is megabytes
+    assert html.count('<img ') <= 12 and MAX_PANELS == 6
+
+
+@pytest.mark.parametrize("vary", ["seq", "batch", "variant"])
+def test_a_sweep_of_any_shape_renders_a_bounded_page(tmp_path, vary):
+    """1,500 points, each at its own sequence length, batch or model variant: the headline's panels are
+    chosen, its table folded and cut (every answer in the CSV), the memory lines binned."""
+    _, html = _shape_page(tmp_path, 1500, vary)
+    _figures_are_bounded(html)
+    with open(tmp_path / f"{vary}.answers.csv", encoding="utf-8", newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    groups = {(r["variant"], r["seq"]) for r in lines}
+    assert len(lines) >= len(groups) * 2  # each group: its lowest peak and its fastest, at least
+    if vary == "seq":
+        assert len(groups) > 1000 and "groups (variant, sequence length) drawn, evenly spaced" in html
+        assert "binned into 120 log-spaced bins" in html
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vary", ["seq", "batch", "variant"])
+def test_twenty_thousand_points_of_any_shape_make_a_page_under_ten_megabytes(tmp_path, vary):
+    _, html = _shape_page(tmp_path, 20_000, vary)
+    _figures_are_bounded(html)
+    assert len(html.encode()) < SHAPE_BOUND
+
+
 def test_loading_draws_intervals_per_size_not_per_record(big_run, monkeypatch):
     calls = []
     real = interval.np.sort
