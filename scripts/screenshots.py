@@ -1,5 +1,6 @@
 """The PNGs under docs/img/: sections of the committed reference report and a plan page, drawn by
-headless Chromium and cropped to what they show.
+headless Chromium at a laptop's width (the report's browser test looks at the same pages the same way,
+:mod:`ckptbench.report.browser`) and cropped to what they show.
 
     python scripts/screenshots.py          # needs chromium on PATH and the package installed (make install)
 
@@ -18,9 +19,11 @@ import tempfile
 
 from PIL import Image
 
+from ckptbench.report.browser import LAPTOP, look, screenshot
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "img")
-WIDTH = 1280
+WIDTH = LAPTOP[0]
 
 
 def section_page(html: str, section: str | None) -> str:
@@ -39,9 +42,10 @@ def shoot(html: str, png: str, height: int) -> None:
         page = os.path.join(tmp, "page.html")
         with open(page, "w", encoding="utf-8") as fh:
             fh.write(html)
-        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--window-size={WIDTH},{height}", f"--screenshot={png}", f"file://{page}"],
-                       check=True, capture_output=True, timeout=120)
+        seen = look(page)
+        if seen.broken or seen.without_alt or seen.scrolls_sideways:
+            raise SystemExit(f"{png}: the page does not read at {LAPTOP[0]} px: {seen}")
+        screenshot(page, png, WIDTH, height)
     crop(png)
     print(png)
 

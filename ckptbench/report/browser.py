@@ -69,7 +69,7 @@ def browser() -> str | None:
     return next((p for p in map(shutil.which, BROWSERS) if p), None)
 
 
-def _run(args: list[str], home: str, timeout: int = 120) -> str:
+def _run(args: list[str], home: str, timeout: int = 300) -> str:
     exe = browser()
     if exe is None:
         raise FileNotFoundError("no chromium on PATH")
@@ -84,7 +84,7 @@ def _run(args: list[str], home: str, timeout: int = 120) -> str:
 def look(page: str, size: tuple[int, int] = LAPTOP) -> Seen:
     """Open `page` (an HTML file) framed at `size` and return what the browser saw."""
     page = os.path.abspath(page)
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as home:
         probe = os.path.join(os.path.dirname(page), f".look-{os.getpid()}.html")
         with open(probe, "w", encoding="utf-8") as fh:
             fh.write(PROBE % {"page": os.path.basename(page), "w": size[0], "h": size[1]})
@@ -103,7 +103,7 @@ def look(page: str, size: tuple[int, int] = LAPTOP) -> Seen:
 
 def screenshot(page: str, png: str, width: int, height: int) -> str:
     """A PNG of `page` at width × height."""
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as home:
         _run([f"--window-size={width},{height}", f"--screenshot={os.path.abspath(png)}",
               f"file://{os.path.abspath(page)}"], home)
     return png

@@ -26,6 +26,7 @@ from .columns import strategy_order  # noqa: E402
 MIB = 2**20
 MAX_PANELS = 6
 LINE_POINTS = 120  # past this many distinct values on a line's axis, the line is drawn over log-spaced bins
+WIDTH_IN = 15.0  # a figure's width in inches at most: wider ones are shrunk below readable on a laptop
 LINE_PANELS = 3  # memory-vs-axis panels side by side: more would not fit a laptop's width
 MARKED = 40  # lines of more points are drawn without markers
 TICKED = 12  # past this many distinct values, the axis's own ticks instead of one per value
@@ -223,11 +224,14 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
     names = _series_names(ok)
     every = sorted(set(zip(ok["batch"], ok["seq"])))
     shapes = chosen(every)
-    ncols, nrows = _grid(len(shapes))
+    bars = max(len(set(ok[(ok["batch"] == b) & (ok["seq"] == s)]["series"])) for b, s in shapes)
+    width = min(WIDTH_IN, max(4.0, 0.35 * bars))  # a panel's bars, the whole figure within a page's width
+    ncols = max(1, min(len(shapes), 3, int(WIDTH_IN // width)))
+    nrows = math.ceil(len(shapes) / ncols)
     colors = plt.get_cmap("Set2")
+    tall = 3.6 + (0.065 * max(map(len, names)) if bars > 8 else 0.0)  # room for upright bar labels
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.0, 0.8 * len(names)) * ncols, 3.6 * nrows),
-                                 squeeze=False)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, tall * nrows), squeeze=False)
         for k, (b, s) in enumerate(shapes):
             ax = axes[k // ncols][k % ncols]
             sub = ok[(ok["batch"] == b) & (ok["seq"] == s)].drop_duplicates("series").set_index("series")
@@ -239,7 +243,7 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
                 bottom = [a + v for a, v in zip(bottom, vals)]
             ax.set_title(f"batch {b:.0f}, seq {s:.0f}")
             ax.set_ylabel("MiB at peak")
-            ax.tick_params(axis="x", rotation=30)
+            ax.tick_params(axis="x", rotation=30 if len(present) <= 8 else 90)
         for k in range(len(shapes), nrows * ncols):
             axes[k // ncols][k % ncols].set_visible(False)
         handles, labels = axes[0][0].get_legend_handles_labels()

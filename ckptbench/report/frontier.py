@@ -117,7 +117,7 @@ def _draw(ax, panel: Panel, colors: dict, unit: tuple[float, str]) -> tuple[int,
                     fontweight="bold", zorder=6)
         key.append(f"{k}: {name} — {', '.join(_short(q) for q in questions)}")
     if key:  # the answers under the panel, not over its points
-        ax.text(0.0, -0.2, "\n".join(key), transform=ax.transAxes, fontsize=7, va="top", ha="left")
+        ax.text(0.0, -0.2, "\n".join(key), transform=ax.transAxes, fontsize=8, va="top", ha="left")
     for m in panel.overlay:
         ax.scatter([m.peak / scale], [m.tok_s], marker="x", s=50, color="black", zorder=5, label="measured")
         p = by_name.get(m.name)
@@ -155,7 +155,7 @@ def figure(panels: list[Panel], title: str, alt: str, caption: str) -> Figure | 
     shown = drawn = 0
     wide: list[str] = []
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols + 1.8, 4.3 * nrows), squeeze=False)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols + 1.8, 4.1 * nrows), squeeze=False)
         for k, panel in enumerate(panels):
             n, w = _draw(axes[k // ncols][k % ncols], panel, colors, unit)
             drawn, shown = drawn + n, shown + len(panel.points)
