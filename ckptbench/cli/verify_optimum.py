@@ -1,0 +1,117 @@
+"""``plan --optimize --verify``: the optimum and the best ranked strategy, run here as an ordinary sweep.
+
+Both points are predicted before either runs (nothing is fitted to them); the table sets each one's measured
+peak and tokens/s (with the sweep's interval) beside its prediction, and says whether the optimum's measured
+tokens/s is above the ranked strategy's, tied with it within their intervals, or below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+GIB = 2**30
+
+
+def _interval(record: dict, tokens: int) -> tuple[float, float, float] | None:
+    m = record.get("measurement") or {}
+    median, ci = m.get("step_time_median_s"), m.get("step_time_ci95_s")
+    if not median:
+        return None
+    lo, hi = (ci if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(ci) else (median, median))
+    return tokens / median, tokens / hi, tokens / lo
+
+
+def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list[float] = ()) -> int:
+    from ..run.sweep import SweepOptions, run_sweep
+    from ..spec.strategy import checkpointed_layers
+    from ..store.records import load_records
+    from ..suite.parse import parse_suite
+    from ..theory.annotate import annotate_record
+    from .handover import policy_name as _name
+    from .handover import suite_file
+    from .quick import model_lines, train_lines
+
+    with open(os.path.join(out, "optimum.toml"), encoding="utf-8") as fh:
+        suite = parse_suite(fh.read(), "plan --optimize --verify")
+    points = {suite.cases[0].id: (f"optimum {_name(best)}", best.peak_bytes, best.tokens_per_s)}
+    cases = [suite.cases[0]]
+    if ranked is not None:
+        layers = ranked.layers or tuple(checkpointed_layers(case.model.layers, ranked.every_n_layers))
+        text = suite_file("plan-optimum", suite.cases[0].device, model_lines(args.model, layers=args.layers,
+                          precision=case.precision, attn=case.model.attn), train_lines(args), ranked.max_batch,
+                          case.seq_len, layers, ranked.offload, ranked.sac,
+                          every_n=None if ranked.layers else ranked.every_n_layers)
+        other = parse_suite(text, "plan --optimize --verify").cases[0]
+        other = dataclasses.replace(other, recompute=dataclasses.replace(other.recompute,
+                                                                         offload=ranked.offload_kind))
+        if other.id not in points:
+            cases.append(other)
+            points[other.id] = (f"ranked {ranked.strategy}", ranked.peak_bytes, ranked.tokens_per_s)
+
+    if budgets:  # torch.compile at each budget, at the optimum's batch: measured, never predicted
+        text = suite_file("plan-optimum", suite.cases[0].device, model_lines(args.model, layers=args.layers,
+                          precision=case.precision, attn=case.model.attn), train_lines(args), best.batch,
+                          case.seq_len, (), False, "").replace("every_n_layers = [0]", "every_n_layers = [0]\n"
+                                                                f"compile_budget = {list(budgets)}")
+        for c in parse_suite(text, "plan --optimize --verify").cases:
+            if c.compiled:
+                cases.append(c)
+                points[c.id] = (f"compile-budget-{c.recompute.compile_budget:g}", None, None)
+
+    def annotate(c, record):
+        annotate_record(c, record)
+        label, peak, tokens = points[c.id]
+        if peak is None:
+            return
+        record["plan_prediction"] = {"peak_bytes": peak, "tokens_per_s": tokens, "source": predict.source,
+                                     "step_time_source": a.step_time_source, "policy": label}
+
+    run_sweep(dataclasses.replace(suite, cases=tuple(cases)), SweepOptions(out_dir=out), annotate=annotate)
+    records = {r["case_id"]: r for r in load_records(out).records}
+    print(f"\nverify ({out}): predicted vs measured on this machine, neither point used to predict")
+    print(f"{'point':<40} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} "
+          f"{'tok/s meas [interval]':>28}  status")
+    seen = {}
+    for c in cases:
+        r = records.get(c.id, {})
+        label, peak, tokens = points[c.id]
+        m = r.get("measurement") or {}
+        iv = _interval(r, c.batch_size * c.seq_len) if r.get("status") in ("ok", "unchecked") else None
+        seen[label.split()[0]] = iv
+        measured = "-" if iv is None else f"{iv[0]:,.0f} [{iv[1]:,.0f}, {iv[2]:,.0f}]"
+        print(f"{label:<40} {c.batch_size:>5} {'-' if peak is None else f'{peak / GIB:.4f}':>13} "
+              f"{(m.get('peak_bytes') or 0) / GIB:>13.4f} {'-' if tokens is None else f'{tokens:,.0f}':>10} "
+              f"{measured:>28}  {r.get('status', 'missing')}"
+              + (f" (measured peak {'=' if m.get('peak_bytes') == peak else '≠'} predicted)"
+                 if m.get("peak_bytes") and peak is not None else ""))
+    mine, theirs = seen.get("optimum"), seen.get("ranked")
+    if mine and theirs:
+        verdict = ("faster than" if mine[1] > theirs[2] else "slower than" if mine[2] < theirs[1]
+                   else "tied within the intervals with")
+        print(f"measured: the optimum is {verdict} the best ranked strategy ({mine[0] / theirs[0] - 1:+.1%} at the "
+              "medians)")
+    curve = [(c.recompute.compile_budget, records.get(c.id, {})) for c in cases if c.compiled]
+    if curve:
+        print(compile_curve(curve, a.memory_bytes, mine))
+    return 0 if mine else 1
+
+
+def compile_curve(curve: list[tuple[float, dict]], memory: int, optimum) -> str:
+    """The measured peak and tokens/s of each compile budget, in budget order, and where the peak is not
+    monotonic in the budget (it is not assumed to be: pytorch#197838)."""
+    peaks = [((r.get("measurement") or {}).get("peak_bytes"), b) for b, r in curve]
+    known = [(p, b) for p, b in peaks if p]
+    falls = [f"{b0:g}→{b1:g}" for (p0, b0), (p1, b1) in zip(known, known[1:]) if p1 < p0]
+    parts = []
+    for b, r in curve:
+        m = r.get("measurement") or {}
+        tps = (f"{m['tokens_per_s']:,.0f} tokens/s" if m.get("tokens_per_s") else r.get("status", "missing"))
+        fits = "" if not m.get("peak_bytes") else " (fits)" if m["peak_bytes"] <= memory else " (over the budget)"
+        parts.append(f"{b:g}: {(m.get('peak_bytes') or 0) / GIB:.4f} GiB{fits}, {tps}")
+    line = "compile budgets, measured: " + "; ".join(parts)
+    line += (f"; the peak falls as the budget rises at {', '.join(falls)}: not monotonic" if falls
+             else "; the peak did not fall as the budget rose at these budgets")
+    if optimum:
+        line += f"; the optimum measured {optimum[0]:,.0f} tokens/s"
+    return line

@@ -1,0 +1,44 @@
+"""plan --optimize on the command line: its flags, and its optimum against every strategy plan ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckptbench.cli import main as cli_main
+from ckptbench.cli.verify_optimum import compile_curve
+
+
+@pytest.mark.parametrize("extra,flag", [(["--host-memory", "1GiB"], "--host-memory"),
+                                        (["--optimize", "--compile-budgets", "0.5"], "--compile-budgets"),
+                                        (["--optimize", "--verify", "--compile-budgets", "2"], "--compile-budgets"),
+                                        (["--optimize", "--pinned-memory", "lots"], "--pinned-memory"),
+                                        (["--optimize", "--layer-sets"], "--layer-sets")])
+def test_bad_flags_are_one_line_naming_the_flag(capsys, extra, flag):
+    assert cli_main(["plan", "--model", "llama-small", "--device", "h100", "--seq", "512", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag}") and len(err.splitlines()) == 1
+
+
+def test_the_optimum_is_at_least_every_strategy_it_could_have_chosen(capsys, tmp_path):
+    # a card that is not here: its roofline prices each step, and no baseline is measured
+    assert cli_main(["plan", "--optimize", "--model", "llama-small", "--device", "h100", "--memory", "1.2GiB",
+                     "--seq", "2048", "--precision", "fp32", "--json", "--handover", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    best = out["optimum"]
+    assert out["optimality_gap"] == 0.0 and best["checked"]["peak_agrees"] and best["checked"]["step_additive"]
+    assert best["peak_bytes"] * 1.1 + 600 * 2**20 <= 1.2 * 2**30
+    ranked = out["best_ranked"]
+    assert best["tokens_per_s"] >= ranked["tokens_per_s"] * (1 - 1e-12) or ranked["offload_kind"] == "streamed"
+    assert sorted(p.name for p in tmp_path.iterdir()) >= ["optimum.json", "optimum.toml", "policy.py"]
+
+
+def test_the_compile_curve_is_reported_as_measured_not_assumed_monotonic():
+    rec = [(0.0, {"measurement": {"peak_bytes": 3 * 2**20, "tokens_per_s": 900.0}}),
+           (0.5, {"measurement": {"peak_bytes": 2 * 2**20, "tokens_per_s": 1000.0}}),
+           (1.0, {"status": "oom"})]
+    line = compile_curve(rec, 2**30, None)
+    assert "0→0.5: not monotonic" in line and "1: 0.0000 GiB, oom" in line
+    line = compile_curve(rec[:1], 2**20, (1200.0, 1100.0, 1300.0))
+    assert "(over the budget)" in line and "did not fall" in line and "1,200 tokens/s" in line
