@@ -31,12 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ckptbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import environment, estimate, gpu, models, plan, report, status, sweep
+    from . import environment, estimate, gpu, models, optimize, report, status, sweep
 
     sweep.add_parser(sub)
     environment.add_parser(sub)
     models.add_parser(sub)
-    plan.add_parser(sub)
+    optimize.add_parser(sub)  # plan's parser, with --optimize and its flags
     report.add_parsers(sub)
     estimate.add_parser(sub)
     gpu.add_parsers(sub)

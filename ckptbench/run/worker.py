@@ -212,12 +212,20 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         time_left = timeout_s - (time.time() - t_enter) if timeout_s else None
         schedule = StepSchedule(case, device, layers, fault, time_left, model)
         loop.run(schedule)
-        stats = schedule.finish()
-        mem = schedule.mem
-        steps = schedule.steps
-        timer = schedule.timer
-        losses = schedule.losses.values()
+        schedule.finish()
+        timing = {"spawn_s": (t_enter - t_submit) if t_submit else None,
+                  "setup_s": (t_ready - t_submit) if t_submit else None, "model_build_s": t_ready - t_enter}
+    return measurement_of(case, schedule, model, loop, checkpointing_api, offload_facts, timing)
 
+
+def measurement_of(case: Case, schedule: StepSchedule, model, loop, checkpointing_api: str | None,
+                   offload_facts: dict, timing: dict) -> dict:
+    """The record's measurement of a point whose steps `schedule` has seen (finished): its memory step's
+    probes, its timed steps, and what the model, optimizer and loop that ran them were.  The worker's, and
+    that of a user's own run (:mod:`ckptbench.track`), which hands over its own model and loop."""
+    device = torch.device(case.device)
+    stats, mem, steps, timer = schedule.stats, schedule.mem, schedule.steps, schedule.timer
+    losses = schedule.losses.values()
     return {
         **mem,
         **steps.result(),
@@ -246,9 +254,7 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
         "steps": {"warmup": case.train.warmup_steps, "memory": case.train.memory_steps,
                   "timed": len(stats.times_s), "memory_steps_timed": False},
         "steps_wall_s": schedule.steps_s,  # host seconds of the warm-up, memory and timed steps (the loop's)
-        "spawn_s": (t_enter - t_submit) if t_submit else None,
-        "setup_s": (t_ready - t_submit) if t_submit else None,
-        "model_build_s": t_ready - t_enter,
+        **timing,  # spawn_s, setup_s, model_build_s
         **offload_facts,
         "n_params": base_parameter_count(model),  # the model's own, as its config gives them: adapters apart
         **adapter_facts(model),  # trainable_params; with adapters, peft's resolved targets

@@ -31,6 +31,7 @@ from .compiled import CompiledModel
 from .optimizers import build_optimizer, trainer_choice
 from .precision import Amp
 from .step import forward_loss, train_step
+from .trainer_probes import instrument, probes_callback
 
 
 def memory_step(model, optimizer, batch, grad_accum: int, amp: Amp, marks) -> None:
@@ -185,76 +186,24 @@ class TrainerLoop:
         self.optimizer = None  # the one Trainer builds, seen by the probes
 
     def run(self, schedule) -> None:
-        from transformers import Trainer, TrainerCallback
+        from transformers import Trainer
 
         case = self.case
         rows = schedule.total * case.grad_accum * case.batch_size
         fetched: list[torch.Tensor] = []
         losses: list[torch.Tensor] = []
-        loop = self
 
-        class Probes(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kw):
-                if case.recompute.layers:  # Trainer has switched every block on: keep the set
-                    select_layers(kw["model"], case.recompute.layers)
+        def on_train_begin(args, state, control, **kw):
+            if case.recompute.layers:  # Trainer has switched every block on: keep the set
+                select_layers(kw["model"], case.recompute.layers)
 
-            def on_step_begin(self, args, state, control, **kw):
-                k = state.global_step
-                losses.clear()
-                schedule.begin(k)
-                loop.optimizer = kw["optimizer"]
-                if schedule.kind(k) == "memory":
-                    optimizer = kw["optimizer"]
-                    schedule.marks.start(kw["model"], getattr(optimizer, "optimizer", optimizer), list(fetched))
-
-            def on_pre_optimizer_step(self, args, state, control, **kw):
-                if schedule.marks.active:
-                    schedule.marks.optimizer_begin()
-
-            def on_optimizer_step(self, args, state, control, **kw):
-                schedule.marks.stop()
-
-            def on_step_end(self, args, state, control, **kw):
-                schedule.end(state.global_step - 1, sum(float(x) for x in losses) / case.grad_accum if losses else None)
-                if schedule.done:  # the timed steps reached their precision or a cap: Trainer stops here
-                    control.should_training_stop = True
-
+        probes = probes_callback(schedule, case.grad_accum, losses, fetched, on_train_begin, holder=self)
         with tempfile.TemporaryDirectory(prefix="ckptbench-trainer-") as out:
             _, cls_and_kwargs = trainer_choice(case.setup, case.train.lr)
             trainer = Trainer(model=self.model, args=training_arguments(case, out, schedule.total),
-                              train_dataset=_Rows(self.batch, rows), callbacks=[Probes()],
+                              train_dataset=_Rows(self.batch, rows), callbacks=[probes],
                               optimizer_cls_and_kwargs=cls_and_kwargs)
-            original_fetch, original_clip = trainer.get_batch_samples, trainer.accelerator.clip_grad_norm_
-            original_loss = trainer.compute_loss
-
-            def compute_loss(*args, **kwargs):  # the forward, as the manual loop's: loss out, outputs dropped
-                marks = schedule.marks
-                if marks.active:
-                    marks.forward_begin()
-                loss = original_loss(*args, **kwargs)
-                losses.append(loss.detach())  # a view: the meter allocates nothing in the step
-                if marks.active:
-                    marks.forward_end()
-                return loss
-
-            def get_batch_samples(*args, **kwargs):
-                samples, items = original_fetch(*args, **kwargs)
-                fetched[:] = [t for s in samples for t in s.values() if isinstance(t, torch.Tensor)]
-                if isinstance(items, torch.Tensor):  # the token count the loss is divided by, also made here
-                    fetched.append(items)
-                running = getattr(trainer, "_tr_loss", None)  # the running loss, made before the first step
-                if isinstance(running, torch.Tensor):
-                    fetched.append(running)
-                return samples, items
-
-            def clip_grad_norm_(*args, **kwargs):  # the backward is over once the gradients are clipped
-                if schedule.marks.active:
-                    schedule.marks.grad_clip_begin()
-                return original_clip(*args, **kwargs)
-
-            trainer.get_batch_samples = get_batch_samples
-            trainer.compute_loss = compute_loss
-            trainer.accelerator.clip_grad_norm_ = clip_grad_norm_
+            instrument(trainer, schedule, losses, fetched)
             try:
                 trainer.train()
             finally:

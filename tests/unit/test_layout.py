@@ -30,8 +30,9 @@ RANKS = {
     "theory": 7,  # predictions and checks (the simulation runs train's step on fake tensors)
     "store": 8,  # records on disk, compare
     "run": 9,  # processes: sweep, fork server, worker, torchrun
-    "report": 10,  # HTML, tables, GPU summary
-    "cli": 11, "__main__": 12,
+    "track": 10,  # a user's own Trainer / Accelerate / plain loop measured as a sweep point; pytest plugin
+    "report": 11,  # HTML, tables, GPU summary
+    "cli": 12, "__main__": 13,
 }
 
 

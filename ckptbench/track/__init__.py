@@ -1,0 +1,36 @@
+"""Measure your own training: a Trainer callback, a context for Accelerate and plain loops, a pytest fixture.
+
+Three forms over one measurement, each writing the record a sweep writes for the same Case (same schema,
+validated; ``report``, ``compare``, ``--csv`` read it unchanged):
+
+- ``trainer.add_callback(TrainerTracker(out="results/mine"))`` (:mod:`.trainer`);
+- ``with track(model, optimizer, out="results/mine") as t:`` then ``with t.step(batch):`` around each
+  optimizer step of an Accelerate or plain loop, under ``torchrun`` one record per rank (:mod:`.loop`);
+- the pytest fixture ``ckptbench_step`` (:mod:`.plugin`, registered as a pytest plugin), which measures a
+  training step inside a test and fails it past a stated budget or a stored baseline.
+
+What the run is (model, precision, checkpointing, adapters, optimizer, batch, world size) is read from the
+objects themselves (:mod:`.inspect`), the steps are scheduled and measured by the sweep's own worker code
+(:mod:`.session`), and the mistakes users make with checkpointing and offload are named (:mod:`.mistakes`).
+"""
+
+from __future__ import annotations
+
+
+def track(model, optimizer, out: str | None = "results/track", *, name: str = "", loop: str | None = None,
+          train=None, echo: bool = True):
+    """A :class:`~ckptbench.track.loop.Tracker` on `model` and `optimizer` (an Accelerate-prepared one or a
+    plain ``torch.optim`` one), writing its record under `out`; use it as a context manager and frame each
+    optimizer step with ``t.step(batch)``.  `train` (a :class:`~ckptbench.spec.training.TrainSpec`) sets the
+    warm-up steps and the timed steps' precision and caps; `name` the record's suite name (``track:<name>``,
+    default the script's name)."""
+    from .loop import Tracker
+
+    return Tracker(model, optimizer, out, name=name, loop=loop, train=train, echo=echo)
+
+
+def TrainerTracker(out: str = "results/track", name: str = "", train=None, echo: bool = True):  # noqa: N802
+    """The ``transformers.TrainerCallback`` that tracks a Trainer run (:class:`.trainer.TrainerTracker`)."""
+    from .trainer import TrainerTracker as Callback
+
+    return Callback(out=out, name=name, train=train, echo=echo)

@@ -1,0 +1,207 @@
+"""Tracking a plain or Accelerate loop: the user frames each optimizer step, hooks mark what is inside it.
+
+``t.step(batch)`` opens an optimizer step (closing the one before, if the loop did not use it as a ``with``
+block).  Inside it, hooks on the user's own objects call the memory step's marks at the moments the sweep's
+loops call them: the model's forward pre-hook (``forward_begin``), the backward asked for (``forward_end``:
+the forward is over, its outputs dropped; ``torch.autograd.backward`` and ``Accelerator.backward`` patched
+for the memory step only), the optimizer's step pre- and post-hooks (``optimizer_begin``,
+``stop``, before ``zero_grad``).  Outside the memory step each hook returns at once; once the record is
+written every hook is removed.  The number of forwards in the first step is the gradient accumulation; the
+autocast a forward runs under (the plain loop's ``torch.autocast``, Accelerate's ``mixed_precision``) is
+the run's precision.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .session import Session
+
+AUTOCAST_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def batch_tensors(batch) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict) or hasattr(batch, "values"):
+        return [v for v in batch.values() if isinstance(v, torch.Tensor)]
+    if isinstance(batch, (list, tuple)):
+        return [t for t in batch if isinstance(t, torch.Tensor)]
+    return []
+
+
+def loss_of(output):
+    """The loss tensor of a model's output (a ModelOutput, a dict, or the loss itself), or None."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, torch.Tensor) and output.dim() == 0:
+        loss = output
+    return loss if isinstance(loss, torch.Tensor) and loss.requires_grad else None
+
+
+class _Step:
+    def __init__(self, tracker: Tracker):
+        self.tracker = tracker
+
+    def __enter__(self) -> _Step:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tracker.end_step()
+
+
+class Tracker:
+    """What ``with track(model, optimizer, out=...) as t`` gives: :meth:`step` around each optimizer step;
+    :attr:`record` once written (see the module's text)."""
+
+    def __init__(self, model, optimizer, out: str | None, *, name: str = "", loop: str | None = None,
+                 train=None, echo: bool = True):
+        inner = getattr(optimizer, "optimizer", optimizer)
+        accelerated = type(optimizer).__module__.startswith("accelerate")
+        self.loop = loop or ("accelerate" if accelerated else "manual")
+        if train is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            # DDP builds its gradient buckets in the forward after the first backward: the memory step comes
+            # after that, as every later step of the run is (the buckets are DDP's state, as the optimizer's is)
+            from ..spec.training import TrainSpec
+
+            train = TrainSpec(warmup_steps=2)
+        self.session = Session(out, name=name, loop=self.loop, train=train, echo=echo)
+        self.model, self.optimizer = model, optimizer
+        self.autocast = ""
+        if accelerated:
+            precision = getattr(getattr(optimizer, "accelerator_state", None), "mixed_precision", "no")
+            self.autocast = "" if precision in ("no", None) else str(precision)
+        self.forwards = 0  # forwards in the current step
+        self.first_forwards = 0
+        self.batch = None
+        self.loss = None
+        self.open = False
+        self._pending = False
+        self._restore: list = []
+        self._handles = [model.register_forward_pre_hook(self._forward_pre),
+                         model.register_forward_hook(self._forward_post),
+                         inner.register_step_pre_hook(self._optimizer_pre),
+                         inner.register_step_post_hook(self._optimizer_post)]
+
+    @property
+    def record(self) -> dict | None:
+        return self.session.record
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- the user's calls
+    def step(self, batch) -> _Step:
+        """Open an optimizer step on `batch` (a token tensor, or a mapping / sequence holding one)."""
+        if self.open:
+            self.end_step()
+        self.open = True
+        self.forwards = 0
+        self.loss = None
+        if not self.session.done:
+            self.batch = batch
+            self.session.begin(self.model, self.optimizer)
+            if self.session.memory_step():
+                self._patch_backward()
+            self.session.start_memory(batch_tensors(batch))
+        return _Step(self)
+
+    def end_step(self) -> None:
+        if not self.open:
+            return
+        self.open = False
+        session = self.session
+        if session.done:
+            return
+        if session.seen is None and session.schedule is not None:
+            session.see(self.batch, autocast=self.autocast, grad_accum=max(1, self.forwards))
+        loss, self.loss, self.batch = self.loss, None, None
+        self._unpatch()
+        session.end(loss)
+        if session.done:
+            self.close()
+
+    def close(self) -> dict | None:
+        """End tracking: the open step ended, the record written (``skipped`` if the run was too short),
+        every hook removed."""
+        if self.open:
+            self.end_step()
+        self._unpatch()
+        record = self.session.finish()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        return record
+
+    # ---------------------------------------------------------------- hooks
+    def _forward_pre(self, module, args):
+        if not self.open or self.session.done:
+            return
+        self.forwards += 1
+        if not self.autocast:
+            device = next(module.parameters()).device.type
+            if torch.is_autocast_enabled(device):
+                self.autocast = AUTOCAST_NAMES.get(torch.get_autocast_dtype(device), "")
+        if self.session.memory_step():
+            self.session.marks.forward_begin()
+
+    def _forward_post(self, module, args, output):
+        if not self.open or self.session.done:
+            return
+        loss = loss_of(output)
+        if loss is None:
+            return
+        memory = self.session.memory_step()
+        if not memory:  # a clean step's loss, for the record's losses (a view: nothing allocated)
+            self.loss = loss.detach() if self.loss is None else self.loss + loss.detach()
+            return
+        self._pending = True  # the forward is over: marked when the backward is asked for
+
+    def _backward_called(self) -> None:
+        """The forward is over, its outputs dropped: a backward was asked for (before the loss is scaled)."""
+        if self._pending and self.session.memory_step() and self.session.marks.active:
+            self._pending = False
+            self.session.marks.forward_end()
+
+    def _patch_backward(self) -> None:
+        """For the memory step only: ``torch.autograd.backward`` (what ``loss.backward()`` calls) and, where
+        Accelerate is loaded, ``Accelerator.backward`` (which divides the loss first) say when the backward
+        is asked for; the originals run unchanged and are put back at the step's end."""
+        tracker = self
+        original = torch.autograd.backward
+
+        def backward(*args, **kwargs):
+            tracker._backward_called()
+            return original(*args, **kwargs)
+
+        torch.autograd.backward = backward
+        self._restore.append(lambda: setattr(torch.autograd, "backward", original))
+        accelerator = getattr(sys.modules.get("accelerate.accelerator"), "Accelerator", None)
+        if accelerator is not None:
+            original_acc = accelerator.backward
+
+            def accelerate_backward(acc, loss, **kwargs):
+                tracker._backward_called()
+                return original_acc(acc, loss, **kwargs)
+
+            accelerator.backward = accelerate_backward
+            self._restore.append(lambda: setattr(accelerator, "backward", original_acc))
+
+    def _unpatch(self) -> None:
+        while self._restore:
+            self._restore.pop()()
+
+    def _optimizer_pre(self, optimizer, args, kwargs):
+        if self.open and self.session.memory_step() and self.session.marks.active:
+            self.session.marks.optimizer_begin()
+
+    def _optimizer_post(self, optimizer, args, kwargs):
+        if self.open and self.session.memory_step():
+            self.session.marks.stop()
+            self._unpatch()  # before zero_grad: the CUDA probe sizes the gradients

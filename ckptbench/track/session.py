@@ -1,0 +1,222 @@
+"""One tracked run: the steps of a user's own loop, scheduled and measured as a sweep point's are, and its
+record written as the sweep writes one.
+
+The first optimizer steps are warm-up (clean: they also create the optimizer state), the next is the memory
+step (the exact tracker, the saved-tensor counter, the layer probe: the worker's
+:class:`~ckptbench.run.memory_step.MemoryStepMarks`), then timed steps until the median's interval is within
+its precision or a cap (:class:`~ckptbench.run.worker.StepSchedule`, the worker's own).  From then on the run
+is left alone: no hook measures anything, and the record is written (:meth:`Session.finish`) through the
+worker's :func:`~ckptbench.run.worker.measurement_of`, the sweep's :func:`~ckptbench.run.sweep.make_record`
+and its checks (:func:`~ckptbench.theory.annotate.annotate_record`), validated as every record is read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from ..run.environment import host_part
+from ..run.sweep import make_record
+from ..run.worker import StepSchedule, device_environment, measurement_of
+from ..spec.case import Case, Suite
+from ..spec.training import TrainSpec
+from ..store.records import RecordStore
+from ..store.validate import record_problem
+from ..theory.annotate import annotate_record
+from ..theory.checks import verdict
+from ..train.checkpointing import decoder_layers, pinned_memory_error
+from .inspect import Seen, seen_run, unwrapped
+from .mistakes import mistakes
+
+SUITE_PREFIX = "track"
+DDP_PEAK_NOTE = ("a DDP rank's backward holds its all-reduce's buffers (a bucket's copy of the gradients on "
+                 "gloo), which the one-process estimate does not have: not judged")
+DDP_METERS_NOTE = ("DDP's gradient buckets exist before the step: the tracker counts them once the backward writes "
+                   "them, the allocator meter (what the step allocates) never sees them, so the meters are not "
+                   "held to agree")
+
+
+class _Loop:
+    """What the worker's measurement reads of the loop that ran: the optimizer, the checkpointing call."""
+
+    def __init__(self, optimizer, checkpointing_api: str | None):
+        self.optimizer = optimizer
+        self.checkpointing_api = checkpointing_api
+
+
+def rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+
+def rank_dir(out: str) -> str:
+    """Where this process writes: `out` on rank 0 (or without ranks), ``out/rank-<r>`` on the others, so
+    each rank's record is one of its own directory's."""
+    r = rank()
+    return out if r == 0 else os.path.join(out, f"rank-{r}")
+
+
+class Session:
+    """The schedule and record of one tracked run (see the module's text).  The loops' hooks call
+    :meth:`begin` and :meth:`end` around each optimizer step; :attr:`marks` is the memory step's probes."""
+
+    def __init__(self, out: str | None, *, name: str = "", loop: str = "manual", train: TrainSpec | None = None,
+                 echo: bool = True):
+        self.out = out
+        self.name = name or os.path.splitext(os.path.basename(sys.argv[0] or "run"))[0] or "run"
+        self.loop = loop
+        self.train = train or TrainSpec()
+        self.echo = echo
+        self.schedule: StepSchedule | None = None
+        self.seen: Seen | None = None
+        self.model = None
+        self.optimizer = None
+        self.record: dict | None = None
+        self.k = 0  # optimizer steps seen
+        self.t0 = time.time()
+
+    # ------------------------------------------------------------------ the steps
+    @property
+    def done(self) -> bool:
+        """The schedule has all it needs: nothing is measured any more."""
+        return self.record is not None or (self.schedule is not None and self.schedule.done)
+
+    @property
+    def marks(self):
+        return self.schedule.marks
+
+    def memory_step(self) -> bool:
+        return self.schedule is not None and not self.done and self.schedule.kind(self.k) == "memory"
+
+    def scheduled(self, model, optimizer) -> StepSchedule:
+        """The run's schedule, made at its first step (what it reads of a Case: the train settings)."""
+        if self.schedule is None:
+            self.model, self.optimizer = model, optimizer
+            device = next(model.parameters()).device
+            provisional = Case(model=_placeholder(), train=self.train, batch_size=1, seq_len=1, device=device.type)
+            self.schedule = StepSchedule(provisional, device, decoder_layers(model), None, None, model)
+        return self.schedule
+
+    def begin(self, model, optimizer) -> None:
+        if not self.done:
+            self.scheduled(model, optimizer).begin(self.k)
+
+    def start_memory(self, inputs: list[torch.Tensor]) -> None:
+        if self.memory_step():
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            self.marks.start(self.model, inner, inputs)
+
+    def end(self, loss) -> None:
+        if self.done or self.schedule is None:
+            return
+        if self.schedule.kind(self.k) == "memory":
+            self.marks.stop()
+            loss = None  # a memory step's loss is not reported (the worker's: nothing outlives the backward)
+        self.schedule.end(self.k, loss)
+        self.k += 1
+        if self.schedule.done:
+            self.finish()
+
+    def see(self, batch, *, autocast: str = "", grad_accum: int = 1) -> None:
+        """Read the run's Case from its objects (once, on a clean step: nothing is probed then)."""
+        if self.seen is None:
+            self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
+                                 grad_accum=grad_accum, train=self.train)
+
+    # ------------------------------------------------------------------ the record
+    def finish(self) -> dict | None:
+        """Write the record (once): ``ok`` with its checks when the memory step and timed steps ran, else
+        ``skipped`` saying how far the run got."""
+        if self.record is not None or self.seen is None or self.out is None:
+            return self.record
+        case = self.seen.case
+        schedule = self.schedule
+        schedule.finish()
+        needed = case.train.warmup_steps + case.train.memory_steps + 1
+        if schedule.stats is None or not schedule.mem:
+            result = {"status": "skipped", "reason": f"the run ended after {self.k} optimizer steps: tracking "
+                      f"needs {needed} (warm-up, memory step, a timed step)"}
+        else:
+            api = "activation_checkpointing_enable" if case.checkpointed_layers else None
+            measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
+                                         api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
+                                                                         "model_build_s": None})
+            result = {"status": "ok", "reason": "", "measurement": measurement}
+        result["device_env"] = device_environment(case.device)
+        result["wall_s"] = time.time() - self.t0
+        suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
+        record = make_record(suite, case, result, host_part(), annotate)
+        record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
+        record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k,
+                           "mistakes": mistakes(self.seen, record) if record["status"] == "ok" else []}
+        problem = record_problem(record)
+        if problem:  # never the user's training's end: said, and nothing written
+            warnings.warn(f"ckptbench.track: the record does not validate ({problem}); not written", stacklevel=2)
+            return None
+        store = RecordStore(rank_dir(self.out))
+        store.ensure()
+        store.append(record)
+        self.record = record
+        if self.echo:
+            print(summary_line(record, store.path), file=sys.stderr)
+        return record
+
+    def offload_facts(self, case: Case) -> dict:
+        if not case.offload:
+            return {"offload_kind": None, "offload_pinned": None, "offload_moved": None, "offload_note": ""}
+        import transformers.modeling_utils as mu
+
+        error = pinned_memory_error()
+        unpinned = error is not None or getattr(mu.save_on_cpu, "__qualname__", "") != "save_on_cpu"
+        return {"offload_kind": "transformers", "offload_pinned": not unpinned,
+                "offload_moved": case.device == "cuda",
+                "offload_note": f"no pinned host memory ({error})" if error else ""}
+
+
+def annotate(case: Case, record: dict) -> None:
+    """The sweep's checks.  One rank of a multi-rank run is checked as its own step: against the estimate of
+    the same setting on one process (DDP's buckets are allocated before the step, outside what it measures;
+    the sweep's multi-rank points are judged on their collectives, which a tracked rank does not count)."""
+    if case.world_size > 1 and case.setup.sharding == "ddp":
+        annotate_record(replace(case, world_size=1), record)
+        record["checked_as"] = ("one rank's own step, against the one-process estimate of the same setting; "
+                                + DDP_PEAK_NOTE)
+        for c in record.get("checks", []):  # what only DDP adds to the peak: its all-reduce's buffers
+            if c["quantity"].startswith("peak") and c["verdict"] == "fail":
+                c["verdict"] = "skip"
+        if record.get("gates", {}).get("meters_disagree"):  # the same buckets, seen by one meter only
+            record["gates"]["meters_disagree"] = 0
+            record["checked_as"] += "; " + DDP_METERS_NOTE
+        if record["status"] == "ok":
+            record["verdict"] = verdict([SimpleNamespace(verdict=c["verdict"]) for c in record["checks"]],
+                                        record.get("gates") or {})
+        return
+    annotate_record(case, record)
+
+
+def _placeholder():
+    from ..spec.case import preset
+
+    return preset("llama-tiny")
+
+
+def summary_line(record: dict, path: str) -> str:
+    """What a tracked run prints when its record is written: the peak, its phase, the verdict, each mistake."""
+    m = record.get("measurement") or {}
+    lines = [f"ckptbench: {record['strategy']} · batch {record['case']['batch_size']} · seq "
+             f"{record['case']['seq_len']}: {record['status']}"]
+    if record["status"] == "ok":
+        lines[0] += (f", peak {m['peak_bytes'] / 2**20:.2f} MiB ({m.get('peak_phase')}), after forward "
+                     f"{m['mem_after_forward_bytes'] / 2**20:.2f} MiB, step {m['step_time_median_s'] * 1e3:.1f} ms, "
+                     f"verdict {record.get('verdict')} -> {path}")
+    else:
+        lines[0] += f": {record.get('reason')}"
+    lines += [f"ckptbench: mistake: {x['line']}" for x in (record.get("track") or {}).get("mistakes", [])]
+    return "\n".join(lines)
+

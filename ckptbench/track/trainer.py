@@ -1,0 +1,85 @@
+"""Tracking a ``transformers.Trainer`` run: one callback, ``trainer.add_callback(TrainerTracker(out=...))``.
+
+At ``on_train_begin`` the callback finds the Trainer that calls it and probes it exactly as the sweep's
+Trainer loop does (:mod:`ckptbench.train.trainer_probes`: the same callback and the same three wrapped
+methods), driven by the tracked run's schedule; it never stops the user's training.  The run's precision
+is Trainer's (``bf16`` / ``fp16``), its gradient accumulation ``gradient_accumulation_steps``; checkpointing
+is read from the model once Trainer has switched it on.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+
+from transformers import Trainer, TrainerCallback
+
+from ..spec.training import TrainSpec
+from ..train.trainer_probes import instrument, probes_callback
+from .session import Session
+
+
+def calling_trainer() -> Trainer | None:
+    """The Trainer whose method is calling this callback (its frame's ``self``), or None."""
+    frame = pyinspect.currentframe()
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+class TrainerTracker(TrainerCallback):
+    """``trainer.add_callback(TrainerTracker(out="results/mine"))``: the run's record in ``out``."""
+
+    def __init__(self, out: str = "results/track", name: str = "", train: TrainSpec | None = None,
+                 echo: bool = True):
+        self.session = Session(out, name=name, loop="trainer", train=train, echo=echo)
+        self.probes = None
+        self.losses: list = []
+        self.fetched: list = []
+        self.args = None
+
+    @property
+    def record(self) -> dict | None:
+        return self.session.record
+
+    def on_train_begin(self, args, state, control, **kw):
+        trainer = calling_trainer()
+        if trainer is None or self.probes is not None:
+            return
+        self.args = args
+        self.session.model, self.session.optimizer = kw["model"], kw["optimizer"]
+        self.session.scheduled(kw["model"], kw["optimizer"])
+        self.probes = probes_callback(self.session.schedule, args.gradient_accumulation_steps, self.losses,
+                                      self.fetched, stop_when_done=False, holder=self.session)
+        instrument(trainer, self.session.schedule, self.losses, self.fetched)
+
+    def on_step_begin(self, args, state, control, **kw):
+        if self.probes is None or self.session.done:
+            return
+        if self.session.seen is None and self.fetched:
+            autocast = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
+            self.session.see(self.fetched[0], autocast=autocast, grad_accum=args.gradient_accumulation_steps)
+        self.probes.on_step_begin(args, state, control, **kw)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        if self.probes is not None and not self.session.done:
+            self.probes.on_pre_optimizer_step(args, state, control, **kw)
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        if self.probes is not None and not self.session.done:
+            self.probes.on_optimizer_step(args, state, control, **kw)
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.probes is None or self.session.done:
+            return
+        self.probes.on_step_end(args, state, control, **kw)
+        self.session.k = state.global_step
+        if self.session.schedule.done:
+            self.session.finish()
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.probes is not None:
+            self.session.schedule.marks.stop()
+            self.session.finish()

@@ -1,0 +1,127 @@
+"""ckptbench.track on real runs: the example scripts' records equal the sweep's measurement of the same Case
+to the byte, a run_clm-shaped script gets a record and a report from one added line, and each named mistake
+is made on purpose and named."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ckptbench.run.worker import measure
+from ckptbench.spec.case import Case, preset
+from ckptbench.spec.setup import Lora, Setup
+from ckptbench.spec.training import TrainSpec
+from ckptbench.store.records import load_records
+
+pytestmark = pytest.mark.e2e
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MEMORY = ("peak_bytes", "mem_after_forward_bytes", "peak_breakdown", "peak_phase", "params_bytes",
+          "optimizer_bytes", "activations_after_forward_bytes")
+
+
+def example(name: str, directory: pathlib.Path = ROOT / "examples"):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", directory / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    """Accelerate keeps its state per process: each run here starts from none, as a script does."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    threads = torch.get_num_threads()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    torch.set_num_threads(threads)
+
+
+def the_sweeps(record: dict) -> dict:
+    """What the sweep's worker measures for the record's Case (the same code a sweep point runs)."""
+    return measure(Case.from_dict(record["case"]))
+
+
+def assert_same_memory(record: dict) -> None:
+    assert record["status"] == "ok" and record["verdict"] == "pass", record.get("checks")
+    swept = the_sweeps(record)
+    assert {k: record["measurement"][k] for k in MEMORY} == {k: swept[k] for k in MEMORY}
+
+
+def test_trainer_example_is_the_sweeps_point_to_the_byte(tmp_path):
+    record = example("trainer_checkpointing").main(["--out", str(tmp_path), "--steps", "6"])
+    # the Case read from the Trainer, its model and its arguments is the one a suite names
+    expected = Case(model=preset("llama-tiny"), train=TrainSpec(threads=torch.get_num_threads()), batch_size=2,
+                    seq_len=64, every_n_layers=2, setup=Setup(autocast="bf16", loop="trainer"))
+    assert record["case_id"] == expected.id
+    assert record["strategy"] == "every-2+bf16-mixed+trainer"
+    assert record["measurement"]["checkpointed_layers"] == [0, 2]
+    assert_same_memory(record)
+    assert load_records(str(tmp_path)).records[0]["case_id"] == expected.id  # written, and valid when read
+
+
+def test_accelerate_lora_example_is_the_sweeps_point_to_the_byte(tmp_path):
+    record = example("accelerate_lora").main(["--out", str(tmp_path), "--steps", "6"])
+    expected = Case(model=preset("llama-tiny"), train=TrainSpec(threads=torch.get_num_threads()), batch_size=2,
+                    seq_len=64, every_n_layers=1,
+                    setup=Setup(loop="accelerate", lora=Lora(r=8, alpha=16, targets=("q_proj", "v_proj"))))
+    assert record["case_id"] == expected.id
+    assert record["estimate_source"] == "simulation"  # LoRA: the simulation of the peft-wrapped step
+    assert record["measurement"]["recomputed_layers"] == [0, 1, 2, 3]
+    assert_same_memory(record)
+
+
+def test_run_clm_shaped_script_gets_a_record_and_a_report(tmp_path):
+    out = tmp_path / "clm"
+    script = ROOT / "tests" / "e2e" / "track_scripts" / "run_clm_like.py"
+    done = subprocess.run([sys.executable, str(script), "--output_dir", str(tmp_path / "trainer"),
+                           "--ckptbench_out", str(out), "--max_steps", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = load_records(str(out)).records
+    assert [r["status"] for r in records] == ["ok"]
+    assert records[0]["case"]["every_n_layers"] == 1 and records[0]["track"]["use_reentrant"] is False
+    report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(out), "-o",
+                             str(tmp_path / "report.html")], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+    csv = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(out), "--csv", str(tmp_path / "r.csv")],
+                         capture_output=True, text=True, timeout=300)
+    assert csv.returncode == 0, csv.stderr[-3000:]
+    assert records[0]["case_id"] in (tmp_path / "r.csv").read_text()
+
+
+def test_every_record_line_is_the_sweeps_schema(tmp_path):
+    example("trainer_checkpointing").main(["--out", str(tmp_path), "--steps", "6"])
+    line = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    assert line["schema"] == 1 and line["suite"].startswith("track:")
+    assert {"case_id", "case", "status", "measurement", "checks", "verdict", "env", "track"} <= set(line)
+
+
+def test_torchrun_example_writes_one_record_per_rank(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(ROOT / "examples" / "torchrun_plain.py"), "--out", str(tmp_path), "--steps", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [load_records(str(path)).records for path in (tmp_path, tmp_path / "rank-1")]
+    assert [len(r) for r in ranks] == [1, 1]
+    r0, r1 = ranks[0][0], ranks[1][0]
+    assert r0["case"]["world_size"] == 2 and r0["strategy"] == "full+ddp2" and r1["track"]["rank"] == 1
+    assert r0["status"] == r1["status"] == "ok" and r0["verdict"] == "pass", r0["checks"]
+    # each rank's step before its backward is the one-process sweep point's, to the byte; the backward's
+    # peak holds DDP's all-reduce buffers on top (judged apart, see checked_as)
+    alone = measure(dataclasses.replace(Case.from_dict(r0["case"]), world_size=1))
+    for record in (r0, r1):
+        assert record["measurement"]["mem_after_forward_bytes"] == alone["mem_after_forward_bytes"]
+        assert record["measurement"]["peak_bytes"] > alone["peak_bytes"]

@@ -1,0 +1,54 @@
+"""What ckptbench.track reads from a user's objects: the model's spec (a preset's model reads back as the
+preset, any other key survives a rebuild), the checkpointing transformers switched on, the optimizer, the
+batch's shape."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ckptbench.spec.case import preset
+from ckptbench.track.inspect import batch_shape, checkpoint_setting, model_spec, optimizer_setting
+from ckptbench.train.models import build_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model(preset("llama-tiny"))
+
+
+def test_a_presets_model_reads_back_as_the_preset(tiny):
+    assert model_spec(tiny) == preset("llama-tiny")
+
+
+def test_a_changed_key_is_kept_and_rebuilds_the_same_config():
+    spec = dataclasses.replace(preset("llama-tiny"), name="", config='{"hidden_act":"gelu"}')
+    model = build_model(spec)
+    seen = model_spec(model)
+    assert seen.name == "" and seen.config_extra == {"hidden_act": "gelu"}
+    assert build_model(seen).config.to_dict() == model.config.to_dict()
+
+
+def test_checkpointing_as_transformers_switched_it_on():
+    model = build_model(preset("llama-tiny"))
+    assert checkpoint_setting(model) == ([], False, {})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=2)
+    assert checkpoint_setting(model) == ([0, 2], False, {"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True}, offload=True)
+    assert checkpoint_setting(model) == ([0, 1, 2, 3], True, {"use_reentrant": True})
+
+
+def test_the_optimizer_by_ckptbenchs_name(tiny):
+    params = list(tiny.parameters())
+    assert optimizer_setting(torch.optim.AdamW(params, lr=3e-4)) == ("adamw", 3e-4, "")
+    assert optimizer_setting(torch.optim.AdamW(params, lr=1e-3, foreach=False))[0] == "adamw-loop"
+    assert optimizer_setting(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == ("sgd", 0.1, "")
+    name, _, why = optimizer_setting(torch.optim.Adam(params, lr=1e-3))
+    assert name == "adamw" and "torch.optim.adam.Adam is not one ckptbench names" in why
+
+
+def test_batch_shape_from_a_tensor_a_mapping_or_a_sequence():
+    ids = torch.zeros(3, 17, dtype=torch.long)
+    assert batch_shape(ids) == batch_shape({"input_ids": ids, "labels": ids}) == batch_shape((ids, ids)) == (3, 17)
