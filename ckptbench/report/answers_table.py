@@ -28,9 +28,18 @@ def budget_name(label: str) -> str:
     return "fastest ≤ " + label.removeprefix(" within ") if label else "fastest"
 
 
+def short_question(question: str) -> str:
+    """"fastest ≤ 8 GiB" -> "≤ 8 GiB"; "fastest" -> "no budget"; "fastest (tied)" -> "no budget (tied)";
+    any other question as it is."""
+    if not question.startswith("fastest"):
+        return question
+    rest = question.removeprefix("fastest").strip()
+    return rest if rest.startswith("≤") else ("no budget " + rest).strip()
+
+
 def questions_text(questions: list[str]) -> str:
     """["lowest peak", "fastest", "fastest ≤ 8 GiB"] -> "lowest peak; fastest: no budget, ≤ 8 GiB"."""
-    fast = [q.removeprefix("fastest").strip() or "no budget" for q in questions if q.startswith("fastest")]
+    fast = [short_question(q) for q in questions if q.startswith("fastest")]
     return "; ".join([q for q in questions if not q.startswith("fastest")] + (["fastest: " + ", ".join(fast)]
                                                                               if fast else []))
 

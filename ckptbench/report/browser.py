@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from html import unescape
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 LAPTOP = (1366, 768)  # the most common laptop viewport
@@ -96,8 +97,6 @@ def look(page: str, size: tuple[int, int] = LAPTOP) -> Seen:
     match = re.search(r'<pre id="seen">(.*?)</pre>', dom, re.S)
     if not match or not match.group(1).strip():
         raise RuntimeError("the browser reported nothing: the page did not finish loading")
-    from html import unescape
-
     return Seen(**json.loads(unescape(match.group(1))))
 
 

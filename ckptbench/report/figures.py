@@ -83,6 +83,17 @@ def panels_note(shown: int, total: int, what: str) -> str:
     return f" {shown} of {total} {what} drawn, evenly spaced over them; every point is in the CSV export."
 
 
+def shared_legend(fig) -> None:
+    """One legend beside the figure for all its panels, each label once (panels repeat their series)."""
+    handles, labels = [], []
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+
+
 def _colors(names: list[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10")
     return {n: cmap(i % 10) for i, n in enumerate(names)}

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..base.finite import finite_number
-from .answers_table import budget_name
-from .figures import DENSE, STYLE, Figure, _colors, _dense, _encode, _grid, chosen, plt
+from .answers_table import budget_name, short_question
+from .figures import DENSE, STYLE, Figure, _colors, _dense, _encode, _grid, chosen, plt, shared_legend
 from .headline import GroupAnswers, candidate
 from .scatters import _thin, thinned_note
 
@@ -115,7 +115,7 @@ def _draw(ax, panel: Panel, colors: dict, unit: tuple[float, str]) -> tuple[int,
                    linewidth=0.8, zorder=5, label="answer (starred, numbered)")
         ax.annotate(str(k), (p.peak / scale, p.tok_s), xytext=(5, 5), textcoords="offset points", fontsize=8,
                     fontweight="bold", zorder=6)
-        key.append(f"{k}: {name} — {', '.join(_short(q) for q in questions)}")
+        key.append(f"{k}: {name} — {', '.join(short_question(q) for q in questions)}")
     if key:  # the answers under the panel, not over its points
         ax.text(0.0, -0.2, "\n".join(key), transform=ax.transAxes, fontsize=8, va="top", ha="left")
     for m in panel.overlay:
@@ -130,14 +130,6 @@ def _draw(ax, panel: Panel, colors: dict, unit: tuple[float, str]) -> tuple[int,
     ax.set_xlabel(f"peak memory ({uname})")
     ax.set_ylabel("tokens/s")
     return drawn, wide
-
-
-def _short(question: str) -> str:
-    """"fastest ≤ 8 GiB" -> "≤ 8 GiB"; "fastest" -> "no budget"."""
-    if not question.startswith("fastest"):
-        return question
-    rest = question.removeprefix("fastest").strip()
-    return rest if rest.startswith("≤") else ("no budget " + rest).strip()
 
 
 def figure(panels: list[Panel], title: str, alt: str, caption: str) -> Figure | None:
@@ -162,13 +154,7 @@ def figure(panels: list[Panel], title: str, alt: str, caption: str) -> Figure | 
             wide += [b for b in w if b not in wide]
         for k in range(len(panels), nrows * ncols):
             axes[k // ncols][k % ncols].set_visible(False)
-        handles, labels = [], []
-        for ax in fig.axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        shared_legend(fig)
         uri = _encode(fig)
     if wide:
         caption += (f" A budget more than {WIDE:g}× a panel's largest peak is left out of that panel (every point "

@@ -43,7 +43,7 @@ def plan_figure(plan: dict, records: list[dict] | None = None) -> Figure | None:
                     float(o["tokens_per_s"])) for o in options]
     memory = (plan.get("assumptions") or {}).get("memory_bytes")
     budgets = [(f"{memory / 2**30:.2f} GiB planned for", float(memory))] if isinstance(memory, (int, float)) else []
-    overlay = [Point(_name(r["point"].split(" b=")[0], r["point"].split(" b=")[1]), "measured",
+    overlay = [Point(_name(r["strategy"], r["batch"]), "measured",
                      float(r["peak_meas"]), float(r["tps_meas"]))
                for r in predicted_vs_measured(records or [], plan) if r["peak_meas"] and r["tps_meas"]]
     panel = Panel(f"{plan.get('model') or 'plan'}, seq {plan.get('seq_len')}", points, budgets,
@@ -92,7 +92,8 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
             p = o and {"peak_bytes": o.get("peak_bytes"), "tokens_per_s": o.get("tokens_per_s")}
         if not p or r.get("status") != "ok":
             continue
-        rows.append({"point": f"{r['strategy']} b={c['batch_size']}",
+        rows.append({"point": f"{r['strategy']} b={c['batch_size']}", "strategy": r["strategy"],
+                     "batch": c["batch_size"],
                      "peak_pred": p.get("peak_bytes"), "peak_meas": m.get("peak_bytes"),
                      "tps_pred": p.get("tokens_per_s"), "tps_meas": m.get("tokens_per_s")})
     return rows

@@ -29,6 +29,7 @@ from .figures import (
     chosen,
     panels_note,
     plt,
+    shared_legend,
 )
 from .tables import pareto_mask
 
@@ -142,13 +143,7 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
             ax.set_ylabel("median step time (ms)")
         for k in range(len(shapes), nrows * ncols):
             axes[k // ncols][k % ncols].set_visible(False)
-        handles, labels = [], []
-        for ax in fig.axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        shared_legend(fig)
         uri = _encode(fig)
     return Figure("Step time vs peak memory, per batch and sequence length", uri,
                   "median step time against peak memory per workload, with the Pareto front",
