@@ -34,6 +34,8 @@ class AllocatorMeter:
         self.events = 0
         self.names = dict.fromkeys(names, 0)  # how many profiler events whose name starts so the step ran
         self.at_marks: dict[str, int] = {}  # the running sum when each mark was made
+        self.held: frozenset[int] = frozenset()  # addresses of the blocks the step's accounting holds at start
+        self.unlisted_frees = 0  # bytes freed in the step of blocks from before it that nobody listed
 
     def mark(self, label: str) -> None:
         """A moment of the step (an empty profiler range): :meth:`result` gives the running sum there."""
@@ -42,8 +44,16 @@ class AllocatorMeter:
         with torch.profiler.record_function(MARK + label):
             pass
 
-    def start(self) -> None:
+    def start(self, held: frozenset[int] = frozenset()) -> None:
+        """Start listening; `held` are the addresses of the blocks alive now that the step's accounting
+        holds (its parameters, optimizer state, gradients and inputs): their frees count, and so do the
+        frees of blocks the step allocates.  Any other free is of a block from before the step that the
+        profiler happens to know (it was allocated in an earlier profiled window of this thread: another
+        point's step in the same process): when it comes depends on what ran before, so it is left out
+        of the sum and its bytes are reported as ``allocator_unlisted_frees_bytes``."""
         from torch.profiler import ProfilerActivity, profile
+
+        self.held = held
 
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
@@ -53,9 +63,9 @@ class AllocatorMeter:
         if prof is None:
             return
         prof.__exit__(None, None, None)
-        events = prof.profiler.kineto_results.events()
-        changes = sorted((e.start_ns(), e.nbytes()) for e in events
-                         if e.name() == "[memory]" and e.device_type().name == "CPU")
+        results = prof.profiler.kineto_results
+        events = results.events()
+        changes = self._changes(results)
         for e in events if self.names else ():
             for name in self.names:
                 self.names[name] += e.name().startswith(name)
@@ -68,7 +78,34 @@ class AllocatorMeter:
             peak = max(peak, running)
         self.growth, self.events = peak, len(changes)
 
+    def _changes(self, results) -> list[tuple[int, int]]:
+        """(time, bytes) of every CPU allocation and counted free, in the order they happened."""
+        from torch._C._profiler import _EventType
+
+        allocations = []
+        stack = list(results.experimental_event_tree())
+        while stack:
+            e = stack.pop()
+            stack.extend(e.children)
+            if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+                allocations.append((e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size))
+        allocations.sort(key=lambda a: (a[0], a[2]))  # in time; a tie (none seen) puts the free first
+        live: set[int] = set()
+        changes = []
+        self.unlisted_frees = 0
+        for t, ptr, nbytes in allocations:
+            if nbytes > 0:
+                live.add(ptr)
+            elif ptr in live:
+                live.discard(ptr)
+            elif ptr not in self.held:
+                self.unlisted_frees -= nbytes
+                continue
+            changes.append((t, nbytes))
+        return changes
+
     def result(self) -> dict:
         return {"allocator_meter": self.kind if self.growth is not None else None,
                 "allocator_growth_bytes": self.growth, "allocator_events": self.events,
+                "allocator_unlisted_frees_bytes": self.unlisted_frees if self.growth is not None else None,
                 **({"allocator_at_marks_bytes": dict(self.at_marks)} if self.at_marks else {})}

@@ -89,7 +89,7 @@ class CpuMemoryProbe:
             self.timeline = Timeline(tr.total)
             tr.samples = self.timeline.values
         self.tracked_start = tr.total + tr.host
-        self.allocator.start()
+        self.allocator.start(frozenset(tr.held_addresses))
         tr.__enter__()
 
     def set_phase(self, phase: str) -> None:

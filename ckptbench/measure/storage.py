@@ -25,6 +25,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -116,11 +117,16 @@ class LiveStorageTracker(TorchDispatchMode):
         # when set (the memory step's :class:`~.timeline.Timeline` samples), the device total is appended
         # after every change to it: the running total whose maximum is `peak`
         self.samples = None
+        # the addresses of the storages registered with `track` (what existed before the step): the
+        # allocator meter counts their frees and no other free of a block older than the step
+        self.held_addresses: set[int] = set()
 
     # -- registration -------------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: str) -> None:
         for t in plain_tensors(tensor):
             self._track_plain(t, category)
+            if t.device.type == "cpu" and storage_key(t) is not None and not isinstance(t, FakeTensor):
+                self.held_addresses.add(t.untyped_storage().data_ptr())
 
     def _track_plain(self, tensor: torch.Tensor, category: str) -> None:
         key = storage_key(tensor)

