@@ -30,18 +30,12 @@ from ..store.records import RecordStore
 from ..store.validate import record_problem
 from ..theory.annotate import annotate_record
 from ..theory.checks import verdict
+from ..theory.ddp import bucket_bytes, ddp_rank_checks
 from ..train.checkpointing import decoder_layers, pinned_memory_error
 from .inspect import Seen, seen_run, unwrapped
 from .mistakes import mistakes
 
 SUITE_PREFIX = "track"
-DDP_PEAK_NOTE = ("a DDP rank's backward holds its all-reduce's buffers (a bucket's copy of the gradients on "
-                 "gloo), which the one-process estimate does not have: not judged")
-DDP_METERS_NOTE = ("DDP's gradient buckets exist before the step: the tracker counts them once the backward writes "
-                   "them, the allocator meter (what the step allocates) never sees them, so the meters are not "
-                   "held to agree")
-
-
 class _Loop:
     """What the worker's measurement reads of the loop that ran: the optimizer, the checkpointing call."""
 
@@ -147,6 +141,8 @@ class Session:
             measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
                                          api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
                                                                          "model_build_s": None})
+            if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
             result = {"status": "ok", "reason": "", "measurement": measurement}
         result["device_env"] = device_environment(case.device)
         result["wall_s"] = time.time() - self.t0
@@ -180,19 +176,17 @@ class Session:
 
 
 def annotate(case: Case, record: dict) -> None:
-    """The sweep's checks.  One rank of a multi-rank run is checked as its own step: against the estimate of
-    the same setting on one process (DDP's buckets are allocated before the step, outside what it measures;
-    the sweep's multi-rank points are judged on their collectives, which a tracked rank does not count)."""
+    """The sweep's checks.  One rank of a DDP run is checked as the one-process step of the same setting
+    plus DDP's gradient buckets (:mod:`ckptbench.theory.ddp`): the sweep's multi-rank points are judged on
+    their collectives, which a tracked rank does not count."""
     if case.world_size > 1 and case.setup.sharding == "ddp":
         annotate_record(replace(case, world_size=1), record)
-        record["checked_as"] = ("one rank's own step, against the one-process estimate of the same setting; "
-                                + DDP_PEAK_NOTE)
-        for c in record.get("checks", []):  # what only DDP adds to the peak: its all-reduce's buffers
-            if c["quantity"].startswith("peak") and c["verdict"] == "fail":
-                c["verdict"] = "skip"
-        if record.get("gates", {}).get("meters_disagree"):  # the same buckets, seen by one meter only
-            record["gates"]["meters_disagree"] = 0
-            record["checked_as"] += "; " + DDP_METERS_NOTE
+        buckets = (record.get("measurement") or {}).get("ddp_bucket_bytes")
+        if buckets is None:
+            return
+        ddp_rank_checks(record, buckets)
+        record["checked_as"] = ("one rank's own step: the one-process estimate of the same setting plus DDP's "
+                                f"gradient buckets ({buckets:,} B), counted from the backward's first write")
         if record["status"] == "ok":
             record["verdict"] = verdict([SimpleNamespace(verdict=c["verdict"]) for c in record["checks"]],
                                         record.get("gates") or {})
