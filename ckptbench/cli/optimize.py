@@ -119,7 +119,8 @@ def cmd_optimize(args) -> int:
     host = host_budget(args, a.world)
     t0 = time.perf_counter()
     sac = sac_policies(args.sac)
-    predict = predictor(case.model, args.seq, a, args.simulate, case.setup, sac)
+    # the search is at one length: no fit across lengths (its simulations at 2x and 4x the length cost most)
+    predict = predictor(case.model, args.seq, a, args.simulate, case.setup, sac, across=False)
     timer = step_timer(args, a, case.train.threads)
     modes = ("",) + (("offload",) if a.device == "cuda" else ()) + tuple(f"sac-{p}" for p in sac)
     sets = a.sharding == "ddp" and analytic_point(case.model, case.setup, a.device) and not args.simulate
@@ -181,8 +182,10 @@ def render(case, seq: int, a, result, ranked, summary: dict) -> str:
 
     lines = [f"{run_label(case)} at seq {seq}, {a.memory_bytes / GIB:.4g} GiB on {a.device_name or a.device}"
              + (f" × {a.world} ranks ({a.sharding})" if a.world > 1 else "")]
-    lines.append(f"{'batch':>5} {'best policy at this batch':<44} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}")
-    for s in sorted(result.per_batch, key=lambda s: -s.tokens_per_s)[:12]:
+    lines.append(f"{'batch':>5} {'best policy at this batch and mode':<44} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}")
+    # one row per policy and batch: a mode's best may check nothing (offload's best at batch 1 is then none)
+    rows = {(s.batch, _name(s)): s for s in sorted(result.per_batch, key=lambda s: s.tokens_per_s)}
+    for s in sorted(rows.values(), key=lambda s: -s.tokens_per_s)[:12]:
         lines.append(f"{s.batch:>5} {_name(s):<44} {s.peak_bytes / GIB:>9.3f} {s.step_s:>8.3f} "
                      f"{s.tokens_per_s:>10,.0f}")
     best = result.best

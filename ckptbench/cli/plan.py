@@ -57,11 +57,12 @@ def _case(args):
     return replace(case, setup=replace(case.setup, sharding=args.sharding))
 
 
-def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[str, ...] = ()):
+def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[str, ...] = (), across: bool = True):
     """The analytic estimate where it describes the point (:func:`~ckptbench.spec.case.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
     simulation extrapolated to full depth; with `sac`, each policy's own few-layer fit beside it
-    (:class:`~ckptbench.theory.planstrategies.PerStrategy`)."""
+    (:class:`~ckptbench.theory.planstrategies.PerStrategy`).  `across`: fit batch 1 across sequence lengths too
+    (the longest length each strategy reaches; its simulations at 2 and 4 times `seq` are the slowest)."""
     from ..spec.case import analytic_point, analytic_sharded_point
     from ..spec.setup import Setup
     from ..theory import plan as planner
@@ -90,7 +91,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
         def fitted(recompute, what: str):
             try:
                 return Simulated(extrapolation(spec, seq, a.device, offloads=offloads, mapper=pool.map, setup=setup,
-                                               recompute=recompute))
+                                               recompute=recompute, across=across))
             except (NotAffine, SimulationFailed) as exc:
                 raise UsageError(f"cannot plan {what} of {spec.label} from a few-layer simulation: {exc}") from None
             except BrokenProcessPool:
