@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..spec.case import PRESETS
 from ..spec.setup import precision_name
 from ..spec.strategy import checkpointing_name
 
@@ -27,6 +28,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "family": ("case.model.family", "str"),
     "hidden": ("case.model.hidden", "num"),
     "layers": ("case.model.layers", "num"),
+    "heads": ("case.model.heads", "num"),
+    "kv_heads": ("case.model.kv_heads", "num"),
+    "intermediate": ("case.model.intermediate", "num"),
+    "vocab": ("case.model.vocab", "num"),
     "dtype": ("case.model.dtype", "str"),
     "autocast": ("case.setup.autocast", "str"),  # absent on records from before mixed precision: pure
     "loop": ("case.setup.loop", "str"),  # absent on records from before the loops: manual
@@ -191,8 +196,8 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     out["precision"] = [precision_name(dt, ac) for ac, dt in zip(out["autocast"], out["dtype"])]
     out["loop"] = [loop or "manual" for loop in out["loop"]]
     out["dropout"] = [dropout_label(ran, asked) for ran, asked in zip(out["dropout_ran"], out["dropout"])]
-    out["model"] = [name or (f"{fam}-h{h:.0f}-l{n:.0f}" if fam else "?")
-                    for name, fam, h, n in zip(out["model_name"], out["family"], out["hidden"], out["layers"])]
+    out["model"] = [model_label(name, fam, dict(zip(SHAPE, dims))) for name, fam, *dims in
+                    zip(out["model_name"], out["family"], *(out[k] for k in SHAPE))]
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
                                                                          out["offload"])]
     out["variant"] = [_variant(*row) for row in zip(out["model"], out["precision"], out["attn"], out["dropout"],
@@ -205,6 +210,22 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     order = [*COLUMNS, "precision", "model", "variant", "ok", "step_ci_lo", "step_ci_hi"]
     return pd.DataFrame({k: (out[k] if isinstance(out[k], np.ndarray) else
                              pd.Series(out[k], index=frame.index, dtype=object)) for k in order}, index=frame.index)
+
+
+SHAPE = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab")
+SHAPE_SHORT = {"hidden": "h", "layers": "l", "heads": "a", "kv_heads": "kv", "intermediate": "i", "vocab": "v"}
+
+
+def model_label(name: str, family: str, dims: dict) -> str:
+    """The model's name; a preset whose dimensions a suite overrode is named with what differs
+    ("llama-small (h512 l8)"), so it is never compared with the preset as the same model."""
+    if not name:
+        return f"{family}-h{dims['hidden']:.0f}-l{dims['layers']:.0f}" if family else "?"
+    base = PRESETS.get(name)
+    if base is None:
+        return name
+    changed = [f"{SHAPE_SHORT[k]}{v:.0f}" for k, v in dims.items() if v == v and v != base[k]]  # v == v: not NaN
+    return f"{name} ({' '.join(changed)})" if changed else name
 
 
 def dropout_label(ran, asked: str) -> str:

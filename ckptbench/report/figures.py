@@ -30,6 +30,7 @@ WIDTH_IN = 15.0  # a figure's width in inches at most: wider ones are shrunk bel
 LINE_PANELS = 3  # memory-vs-axis panels side by side: more would not fit a laptop's width
 MARKED = 40  # lines of more points are drawn without markers
 TICKED = 12  # past this many distinct values, the axis's own ticks instead of one per value
+MAX_VARIANTS = 6  # models and settings one figure draws the lines of; past it, evenly spaced, the rest said
 DENSE = 200  # from this many markers in one axes on, they are drawn as one embedded image, not as paths
 STYLE = {"svg.fonttype": "path", "svg.hashsalt": "ckptbench", "font.size": 9, "axes.grid": True,
          "grid.alpha": 0.3, "figure.dpi": 100}
@@ -112,6 +113,34 @@ def _series_names(t: pd.DataFrame) -> list[str]:
     return [p[2] for p in pairs]
 
 
+def shown_series(ok: pd.DataFrame) -> tuple[list[str], str]:
+    """The series a figure draws: every strategy of at most MAX_VARIANTS models and settings (evenly spaced
+    over them), and its caption's word on the rest: a run of many models must not draw a line and a legend
+    entry per model."""
+    pairs = sorted(set(zip(ok["variant"], ok["strategy"], ok["series"])), key=lambda p: (p[0], strategy_order(p[1])))
+    variants = sorted({p[0] for p in pairs})
+    keep = set(chosen(variants, MAX_VARIANTS))
+    return ([p[2] for p in pairs if p[0] in keep],
+            panels_note(len(keep), len(variants), "models and settings (variants)"))
+
+
+def folded_series(ok: pd.DataFrame) -> tuple[list[str], dict, str]:
+    """For a scatter, where every point is drawn: the series of the variants past MAX_VARIANTS become one
+    grey "other" series.  Returns the names to draw, their colours and the caption's word."""
+    shown, _ = shown_series(ok)
+    every = _series_names(ok)
+    colors = _colors(shown)
+    if len(shown) == len(every):
+        return shown, colors, ""
+    other = f"{len(every) - len(shown)} other lines"
+    keep = set(shown)
+    ok["series"] = [n if n in keep else other for n in ok["series"]]
+    colors[other] = (0.6, 0.6, 0.6, 1.0)
+    variants = ok["variant"].nunique()
+    return [*shown, other], colors, (f" The lines of {min(variants, MAX_VARIANTS)} of {variants} models and settings "
+                                     "(variants) in colour, evenly spaced over them; the rest in grey.")
+
+
 def _line_style(series: str) -> dict:
     """Offload variants get hollow squares and a dash-dot line, so a strategy that uses exactly the same
     memory with and without offload (any CPU run) stays visible instead of hiding under its twin."""
@@ -142,7 +171,7 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
         ok[axis] = np.sqrt(edges[:-1] * edges[1:])[np.clip(np.searchsorted(edges, ok[axis], side="right") - 1, 0,
                                                            LINE_POINTS - 1)]
     ok = ok.groupby(["series", "variant", "strategy", axis, other], as_index=False, sort=False)[values].median()
-    names = _series_names(ok)
+    names, lines_note = shown_series(ok)
     colors = _colors(names)
     every = sorted(ok[other].unique())
     panels = chosen(every, LINE_PANELS)
@@ -184,7 +213,8 @@ def memory_vs(t: pd.DataFrame, axis: str) -> Figure | None:
                    "log-spaced bins, each drawn at its middle as the median of its points.")
     return Figure(title, uri, f"{title}, one line per checkpointing strategy",
                   f"Solid: measured (live tensor bytes), the median where several points share a setting.{dashed}"
-                  + panels_note(len(panels), len(every), "batch sizes" if other == "batch" else "sequence lengths"))
+                  + panels_note(len(panels), len(every), "batch sizes" if other == "batch" else "sequence lengths")
+                  + lines_note)
 
 
 def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
@@ -193,7 +223,7 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
     if ok.empty:
         return None
     ok["series"] = _series(ok)
-    names = _series_names(ok)
+    names, lines_note = shown_series(ok)
     every = sorted(set(zip(ok["batch"], ok["seq"])))
     shapes = chosen(every)
     with plt.rc_context(STYLE):
@@ -218,7 +248,7 @@ def memory_by_strategy(t: pd.DataFrame) -> Figure | None:
         uri = _encode(fig)
     return Figure("Memory by strategy", uri, "after-forward and peak memory per strategy",
                   "Measured after-forward and peak memory; black marks are the analytic estimate when present."
-                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes") + lines_note)
 
 
 BREAKDOWN = (("bd_params", "params"), ("bd_grads", "grads"), ("bd_optimizer", "optimizer"),
@@ -232,7 +262,8 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
     if ok.empty:
         return None
     ok["series"] = _series(ok)
-    names = _series_names(ok)
+    names, lines_note = shown_series(ok)
+    ok = ok[ok["series"].isin(set(names))]
     every = sorted(set(zip(ok["batch"], ok["seq"])))
     shapes = chosen(every)
     bars = max(len(set(ok[(ok["batch"] == b) & (ok["seq"] == s)]["series"])) for b, s in shapes)
@@ -262,7 +293,7 @@ def breakdown(t: pd.DataFrame) -> Figure | None:
         uri = _encode(fig)
     return Figure("Memory breakdown at peak", uri, "stacked bars of params, grads, optimizer, activations",
                   "Live bytes at the peak, split by what owns them."
-                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes") + lines_note)
 
 
 def _k_label(k: float) -> str:

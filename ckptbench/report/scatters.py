@@ -25,8 +25,8 @@ from .figures import (
     _grid,
     _line_style,
     _series,
-    _series_names,
     chosen,
+    folded_series,
     panels_note,
     plt,
     shared_legend,
@@ -68,8 +68,7 @@ def pareto(t: pd.DataFrame) -> Figure | None:
     if ok.empty:
         return None
     ok["series"] = _series(ok)
-    names = _series_names(ok)
-    colors = _colors(names)
+    names, colors, lines_note = folded_series(ok)
     front = ok[pareto_mask(ok["peak"], ok["tok_s"], maximize_y=True)].sort_values("peak")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -82,7 +81,7 @@ def pareto(t: pd.DataFrame) -> Figure | None:
     return Figure("Tokens per second vs peak memory", uri, "tokens per second against peak memory with the "
                   "Pareto front", f"Circled points form the Pareto front: no other point has both lower peak "
                   f"memory and more tokens/s. {len(front)} of {len(ok)} points are on it."
-                  f"{thinned_note(len(ok), drawn)}")
+                  f"{thinned_note(len(ok), drawn)}{lines_note}")
 
 
 def _scatter_front(ax, ok, names, colors, front, y, scale) -> int:
@@ -119,8 +118,7 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
     if ok.empty:
         return None
     ok["series"] = _series(ok)
-    names = _series_names(ok)
-    colors = _colors(names)
+    names, colors, lines_note = folded_series(ok)
     every = sorted(set(zip(ok["batch"], ok["seq"])))
     shapes = chosen(every)
     ncols, nrows = _grid(len(shapes))
@@ -154,7 +152,7 @@ def step_time_pareto(t: pd.DataFrame) -> Figure | None:
                   f"{_coverages(ok)}"
                   f"{f', on the front points of panels of {DENSE} points or more' if thinned else ''}."
                   f"{thinned_note(shown, drawn)}"
-                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes"))
+                  + panels_note(len(shapes), len(every), "(batch, sequence length) shapes") + lines_note)
 
 
 def _coverages(ok: pd.DataFrame) -> str:

@@ -160,6 +160,9 @@ def test_a_sweep_of_any_shape_renders_a_bounded_page(tmp_path, vary):
     if vary == "seq":
         assert len(groups) > 1000 and "groups (variant, sequence length) drawn, evenly spaced" in html
         assert "binned into 120 log-spaced bins" in html
+    if vary == "variant":  # each point a preset with its own width: a model of its own, and its lines capped
+        assert len({r["variant"] for r in lines}) > 1000
+        assert "6 of " in html and "models and settings (variants) drawn, evenly spaced" in html
 
 
 @pytest.mark.slow
@@ -358,3 +361,14 @@ def test_a_run_with_timelines_beside_its_records_parses_only_those_it_draws(tmp_
     drawn = re.findall(r"live bytes over the memory step for ([^,]*), and saved bytes", section)
     assert drawn and 'class="absent"' not in section
     assert len(parsed) == sum(len(d.split(" vs ")) for d in drawn) <= 12
+
+
+def test_a_preset_with_overridden_dimensions_is_named_by_what_differs():
+    from ckptbench.report.columns import SHAPE, model_label
+    from ckptbench.spec.case import preset
+
+    dims = {k: getattr(preset("llama-small"), k) for k in SHAPE}
+    assert model_label("llama-small", "llama", dims) == "llama-small"
+    assert model_label("llama-small", "llama", {**dims, "hidden": 512, "layers": 8}) == "llama-small (h512 l8)"
+    assert model_label("my-model", "llama", dims) == "my-model"  # not a preset: its own name
+    assert model_label("", "llama", dims) == "llama-h256-l4"
