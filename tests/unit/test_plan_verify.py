@@ -114,3 +114,45 @@ def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(
     errors = [x.split()[-2] for x in table.splitlines()[2:2 + len(ran)]]
     assert errors == ["-4.8%"] * len(ran)  # 1 / 1.05 - 1
     assert f"largest error 4.8% over {len(ran)} points" in out
+
+
+def test_a_one_and_two_layer_pair_that_does_not_hang_together_is_measured_again(monkeypatch, tmp_path):
+    """The one-layer step once ran 1.7x slow as a whole (its layer's forward 1.6x): the depth carried that into
+    a 1.7x too fast prediction.  Such a pair is measured again, and the undisturbed one is used and kept."""
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.training import TrainSpec
+
+    disturbed = {"left": 1}
+
+    def measure(case) -> dict:
+        out = _measure(case)
+        if case.model.layers == 1 and disturbed["left"]:
+            disturbed["left"] -= 1
+            out = {"step_s": out["step_s"] * 1.7, "forward_s": [f * 1.6 for f in out["forward_s"]]}
+        return out
+
+    MEASURED.clear()
+    monkeypatch.setattr(baselines, "measure_step", measure)
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=3, seq_len=64)
+    timer = baselines.MeasuredTimer(str(tmp_path))
+    assert timer(case) == pytest.approx(_priced(case))
+    assert timer.remeasured == 1 and "1 one- and two-layer pairs measured again" in timer.source
+    kept = baselines.MeasuredTimer(str(tmp_path))  # the file holds the pair that was used
+    assert kept(case) == pytest.approx(_priced(case)) and kept.remeasured == 0
+
+
+def test_a_pair_that_never_hangs_together_is_measured_again_at_most_twice(monkeypatch, tmp_path):
+    from ckptbench.spec.case import Case, preset
+    from ckptbench.spec.training import TrainSpec
+
+    def measure(case) -> dict:  # the second layer costs nothing: never coherent
+        MEASURED.append(case)
+        return {"step_s": 0.05, "forward_s": [0.01] * case.model.layers}
+
+    MEASURED.clear()
+    monkeypatch.setattr(baselines, "measure_step", measure)
+    case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=3, seq_len=64)
+    timer = baselines.MeasuredTimer(str(tmp_path))
+    assert not baselines.coherent(*timer.pair(baselines._plain(case, 1)))
+    assert timer(case) == pytest.approx(0.05)
+    assert timer.remeasured == baselines.RETRIES == 2 and len(MEASURED) == 2 * (1 + baselines.RETRIES)
