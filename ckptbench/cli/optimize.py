@@ -132,6 +132,11 @@ def cmd_optimize(args) -> int:
     took = time.perf_counter() - t0
     ranked = next((o for o in options if o.max_batch and o.tokens_per_s), None)
     summary = to_dict(case, result, ranked, a, predict, took, ranked_s)
+    # the best of what every_n_layers can say (plan's ranking without --layer-sets), beside the layer sets'
+    every_n = next((o for o in options if o.max_batch and o.tokens_per_s and not o.layers and not o.sac), None)
+    summary["best_every_n"] = None if every_n is None else dataclasses.asdict(every_n)
+    if every_n is not None and result.best is not None:
+        summary["gap_every_n"] = result.best.tokens_per_s / every_n.tokens_per_s - 1
     summary["not_searched"] = not_searched(a, sac, not_ranked(a, predict, sac))
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -201,6 +206,10 @@ def render(case, seq: int, a, result, ranked, summary: dict) -> str:
     if ranked is not None and best is not None:
         lines.append(f"best ranked strategy: {ranked.strategy} at batch {ranked.max_batch}: "
                      f"{ranked.tokens_per_s:,.0f} tokens/s predicted; the optimum is {summary['gap']:+.1%}")
+    every_n = summary.get("best_every_n")
+    if every_n and best is not None and ranked is not None and every_n["strategy"] != ranked.strategy:
+        lines.append(f"best every-n strategy: {every_n['strategy']} at batch {every_n['max_batch']}: "
+                     f"{every_n['tokens_per_s']:,.0f} tokens/s predicted; the optimum is {summary['gap_every_n']:+.1%}")
     for sol, why in result.refused:
         lines.append(f"refused: {_name(sol)} at batch {sol.batch} ({sol.tokens_per_s:,.0f} tokens/s) breaks {why}")
     lines.append(f"proof: {result.proof}")

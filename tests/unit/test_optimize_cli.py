@@ -31,6 +31,9 @@ def test_the_optimum_is_at_least_every_strategy_it_could_have_chosen(capsys, tmp
     assert best["peak_bytes"] * 1.1 + 600 * 2**20 <= 1.2 * 2**30
     ranked = out["best_ranked"]
     assert best["tokens_per_s"] >= ranked["tokens_per_s"] * (1 - 1e-12) or ranked["offload_kind"] == "streamed"
+    every_n = out["best_every_n"]  # the best of what every_n_layers can say: never ahead of the optimum
+    assert not every_n["layers"] and not every_n["sac"] and every_n["tokens_per_s"] <= ranked["tokens_per_s"]
+    assert out["gap_every_n"] == best["tokens_per_s"] / every_n["tokens_per_s"] - 1 >= out["gap"]
     assert sorted(p.name for p in tmp_path.iterdir()) >= ["optimum.json", "optimum.toml", "policy.py"]
 
 
