@@ -255,14 +255,46 @@ def flatten_measurement(case: Case, data: dict) -> dict:
         "distributed": data,
         # rank 0's offload facts, where its rank stated them (offload_kind_check asks for them)
         **{k: r0[k] for k in ("offload_kind", "offload_pinned", "offload_moved") if k in r0},
-        **(fsdp_measurement(data) if case.setup.sharding == "fsdp" else {}),
+        **(fsdp_measurement(data) if case.setup.sharding == "fsdp" else ddp_measurement(data)),
     }
+
+
+def rank_memory(data: dict) -> dict:
+    """Each rank's memory on its first memory step (exact live storages on CPU), rank 0's also as the
+    record's top-level memory keys; empty where the ranks measured none."""
+    memory = [r["memory"][0] if r.get("memory") else {} for r in data["ranks"]]
+    if not memory[0]:
+        return {}
+    return {
+        "peak_bytes_per_rank": [m.get("peak_bytes") for m in memory],
+        "peak_phase_per_rank": [m.get("peak_phase") for m in memory],
+        "peak_breakdown_per_rank": [m.get("peak_breakdown") for m in memory],
+        "allocator_growth_bytes_per_rank": [m.get("allocator_growth_bytes") for m in memory],
+        "tracked_start_bytes_per_rank": [m.get("tracked_start_bytes") for m in memory],
+        "peak_bytes": memory[0].get("peak_bytes"),
+        "peak_phase": memory[0].get("peak_phase"),
+        "peak_breakdown": memory[0].get("peak_breakdown"),
+    }
+
+
+def ddp_measurement(data: dict) -> dict:
+    """A DDP or local-SGD point's memory: each rank's exact step (:func:`rank_memory`), rank 0's after-forward
+    memory, and DDP's gradient buckets (one element per trainable parameter element, :mod:`..theory.ddp`)."""
+    out = rank_memory(data)
+    if out:
+        r0 = data["ranks"][0]
+        first = r0["memory"][0]
+        out["ddp_bucket_bytes"] = r0["grad_bytes"]
+        # rank 0's two meters, as a one-process record states them (theory/meters.py, theory/ddp.py)
+        out.update({k: first.get(k) for k in ("mem_after_forward_bytes", "tracked_start_bytes",
+                                              "tracked_resident_peak_bytes", "allocator_growth_bytes",
+                                              "allocator_unlisted_frees_bytes")})
+    return out
 
 
 def fsdp_measurement(data: dict) -> dict:
     """An fsdp point's own figures: what each rank all-gathered and reduce-scattered over the run, and
-    each rank's memory on the first memory step (exact live storages on CPU; rank 0's also as the record's
-    top-level memory keys)."""
+    each rank's memory on the first memory step (:func:`rank_memory`)."""
     s = data["summary"]
     ranks = data["ranks"]
     memory = [r["memory"][0] if r["memory"] else {} for r in ranks]
@@ -275,18 +307,11 @@ def fsdp_measurement(data: dict) -> dict:
         "reduce_scatter_count": s["reduce_scatter_count"],
         "local_params_bytes_per_rank": [r["local_param_bytes"] for r in ranks],
         "local_optimizer_bytes_per_rank": [r["local_optimizer_bytes"] for r in ranks],
-        "peak_bytes_per_rank": [m.get("peak_bytes") for m in memory],
-        "peak_phase_per_rank": [m.get("peak_phase") for m in memory],
-        "peak_breakdown_per_rank": [m.get("peak_breakdown") for m in memory],
-        "allocator_growth_bytes_per_rank": [m.get("allocator_growth_bytes") for m in memory],
-        "tracked_start_bytes_per_rank": [m.get("tracked_start_bytes") for m in memory],
+        **rank_memory(data),
         # exact on CPU only: the CUDA probe sizes a DTensor by its global placeholder storage
         **({"rank_params_bytes": memory[0].get("params_bytes"),
             "rank_optimizer_bytes": memory[0].get("optimizer_bytes"),
             "peak_params_bytes": (memory[0].get("peak_breakdown") or {}).get("params")}
            if ranks[0]["memory_meter"] == "CpuMemoryProbe" else {}),
-        "peak_bytes": memory[0].get("peak_bytes"),
-        "peak_phase": memory[0].get("peak_phase"),
-        "peak_breakdown": memory[0].get("peak_breakdown"),
         "memory_meter": ranks[0]["memory_meter"],
     }

@@ -21,6 +21,7 @@ from .checks import (
     step_time_check,
     verdict,
 )
+from .ddp import ddp_meter_checks
 from .estimate import estimate_case
 from .meters import agreement, context_bytes, meter_checks
 from .workspaces import capability_major
@@ -130,8 +131,8 @@ def annotate_record(case: Case, record: dict) -> None:
         checks = [*checks, offload_kind_check(case, m)]
     record["checks"] = [c.to_dict() for c in checks]
     record["gates"] = {**gates(m), **(compiled_gates(m) if case.compiled else {})}
-    if case.world_size == 1:
-        meters = meter_checks(case, m)
+    if case.world_size == 1 or (case.setup.sharding == "ddp" and "allocator_growth_bytes" in m):
+        meters = meter_checks(case, m) if case.world_size == 1 else ddp_meter_checks(case, m)
         record["meters"] = {"agreement": agreement(meters), "checks": [c.to_dict() for c in meters],
                             "cuda_context_bytes": context_bytes(m)}
         # two meters that disagree beyond their known blind spots make the measurement itself suspect

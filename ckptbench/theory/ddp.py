@@ -16,8 +16,11 @@ meters with the buckets as the allocator's blind spot (``−bucket_bytes ≤ all
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..spec.case import Case
 from .checks import Check
-from .meters import agreement
+from .meters import agreement, meter_checks
 
 BUCKETED = ("peak_bytes", "peak_breakdown.activations")
 
@@ -41,6 +44,20 @@ def _meters(c: dict, buckets: int) -> dict:
     diff = c["difference"]
     ok = diff is not None and -buckets <= diff <= allowance
     return {**c, "verdict": "pass" if ok else "fail"}
+
+
+def written_buckets(case: Case, buckets: int) -> int:
+    """The bucket bytes a rank's backward writes: all of them where DDP all-reduces gradients in backward
+    (``local_sgd_steps == 0``); none under local SGD, whose steps run under DDP's ``no_sync``."""
+    return buckets if case.local_sgd_steps == 0 else 0
+
+
+def ddp_meter_checks(case: Case, m: dict) -> list[Check]:
+    """A sweep's DDP rank: its two meters as a one-process step's (:func:`.meters.meter_checks`), with the
+    buckets the backward writes as the allocator's blind spot."""
+    buckets = written_buckets(case, m.get("ddp_bucket_bytes") or 0)
+    return [Check(**_meters(c.to_dict(), buckets)) if c.verdict != "skip" else c
+            for c in meter_checks(replace(case, world_size=1, local_sgd_steps=0), m)]
 
 
 def ddp_rank_checks(record: dict, buckets: int) -> None:

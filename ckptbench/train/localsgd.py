@@ -16,9 +16,10 @@ flattened all-reduce).
 
 Meters: collectives are counted by :class:`ckptbench.measure.comm.C10dInterposer`, which costs nothing on
 compute ops, so every iteration is counted and timed.  Parameter divergence needs an extra all-reduce;
-it runs right before each averaging with the recorder paused, outside the timed region.  Activation
-memory uses a dispatch mode, which slows the step, so it runs only on the first ``train.memory_steps``
-optimizer steps, which are flagged ``metered`` and left out of timing summaries.  Times are read by
+it runs right before each averaging with the recorder paused, outside the timed region.  Memory uses
+dispatch modes, which slow the step, so it is measured only on ``train.memory_steps`` optimizer steps, the
+third onwards where the run has them (:mod:`.rank_memory`: the exact probe over the whole step, and the
+forward's activations), flagged ``metered`` and left out of timing summaries.  Times are read by
 :func:`ckptbench.measure.timing.boundary_clock`, which on CUDA synchronises first, so a step, an
 averaging and tokens/s are the device's work, not the host's enqueue.
 
@@ -46,6 +47,7 @@ from .evaluate import averaged_held_out_loss
 from .loops import ACCELERATE_PRECISION
 from .models import build_model
 from .optimizers import build_optimizer, describe_optimizer
+from .rank_memory import RankMemoryStep, memory_step_index
 
 
 class ForwardActivations:
@@ -207,6 +209,10 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
     recorder = CollectiveRecorder(world)
     records: list[dict] = []
     forward_bytes: list[int] = []
+    memory: list[dict] = []
+    first_metered = memory_step_index(opt_steps, train.memory_steps) * case.grad_accum
+    metered_iterations = range(first_metered, first_metered + train.memory_steps * case.grad_accum)
+    step_memory = None
     with C10dInterposer(recorder):
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
         if sync_impl == "accelerate":
@@ -222,18 +228,31 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
         with sync:
             for it in range(iterations):
                 recorder.set_step(it)
-                metered = it < train.memory_steps * case.grad_accum
+                metered = it in metered_iterations
                 meter = forward_meter(model) if metered and forward_meter is not None else nullcontext()
+                micro = it % case.grad_accum
+                if metered and micro == 0:  # the exact probe over this whole optimizer step
+                    step_memory = RankMemoryStep(accelerator.device, model, accelerator.unwrap_model(model),
+                                                 optimizer, list(batches[it:it + case.grad_accum]))
                 t0 = clock.now()
                 with accelerator.accumulate(model):
+                    if step_memory is not None:
+                        step_memory.forward()
                     with meter:
                         loss = model(input_ids=batches[it], labels=batches[it]).loss
+                    if step_memory is not None:
+                        step_memory.backward(micro == case.grad_accum - 1)
                     with recorder.phase("backward"):
                         accelerator.backward(loss)
+                    if step_memory is not None and micro == case.grad_accum - 1:
+                        step_memory.optimizer()
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad()
                 t1 = clock.now()
+                if step_memory is not None and micro == case.grad_accum - 1:
+                    memory.append(step_memory.stop())
+                    step_memory = None
                 divergence = (None, None)
                 syncing = _will_sync(sync, k)
                 if syncing:
@@ -318,6 +337,7 @@ def train_rank(case: Case, sync_impl: str = "accelerate", forward_meter=ForwardA
         "timer": clock.kind,
         "final_divergence": final_div[0],
         "forward_live_bytes": forward_bytes,
+        "memory": memory,  # each metered optimizer step's exact probe (memory_step_index)
         "comm_meter": "c10d-autograd-kernel",
         "memory_meter": getattr(forward_meter, "__name__", str(forward_meter)),
     }

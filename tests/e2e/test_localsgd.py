@@ -157,11 +157,35 @@ def test_record_figures_are_per_optimizer_step(accelerate_runs, name):
 
     c = ACCELERATE_CASES[name]
     m = flatten_measurement(c, accelerate_runs[name])
-    # 16 optimizer steps, the first one metered (memory), so 15 timed steps of grad_accum micro-batches
+    # 16 optimizer steps, the third one metered (memory: after two steps, train/rank_memory.py), so 15 timed
+    # steps of grad_accum micro-batches
     assert len(m["step_times_s"]) == STEPS - 1
     assert len(m["losses"]) == STEPS and all(len(r) == STEPS for r in m["loss_per_rank"])
-    micro = [st["step_s"] for st in accelerate_runs[name]["ranks"][0]["steps"][c.grad_accum:]]
+    steps = accelerate_runs[name]["ranks"][0]["steps"]
+    assert [st["iteration"] for st in steps if st["metered"]] == list(range(2 * c.grad_accum, 3 * c.grad_accum))
+    micro = [st["step_s"] for st in steps if not st["metered"]]
     assert sum(m["step_times_s"]) == pytest.approx(sum(micro))
     # tokens per optimizer step over the median optimizer-step time (both ranks, all micro-batches)
     assert c.tokens_per_step == 2 * 32 * 2
     assert m["tokens_per_s"] == pytest.approx(c.tokens_per_step / m["step_time_median_s"])
+
+
+def test_each_ranks_step_is_measured_exactly_and_ddp_adds_its_buckets(accelerate_runs, param_bytes):
+    """Every rank's memory step under the exact tracker: plain DDP (K = 0) holds its gradient buckets (a copy
+    of every trainable byte, counted from the backward's first write); local SGD runs under no_sync and
+    writes none, so its step is the one-process step; the meters agree as far as the buckets allow."""
+    from ckptbench.run.launch import flatten_measurement
+    from ckptbench.theory.annotate import annotate_record
+
+    flat = {k: flatten_measurement(ACCELERATE_CASES[k], accelerate_runs[k]) for k in ("k0", "k4")}
+    for name, m in flat.items():
+        assert len(set(m["peak_bytes_per_rank"])) == 1  # the same step on both ranks
+        record = {"status": "ok", "measurement": m}
+        annotate_record(ACCELERATE_CASES[name], record)
+        assert record["meters"]["agreement"] == "agree" and record["verdict"] == "pass", record["meters"]
+    assert flat["k0"]["ddp_bucket_bytes"] == param_bytes[0]
+    # the buckets written by the peak's moment: here 657,664 of 723,200 B (the last 65,536, the size of the
+    # embedding's gradient, come after it); at seq 64 all of them (test_track.py's torchrun example)
+    assert 0 < flat["k0"]["peak_bytes"] - flat["k4"]["peak_bytes"] <= flat["k0"]["ddp_bucket_bytes"]
+    assert flat["k0"]["peak_phase"].startswith("backward")  # the buckets move it (k4's: backward-head)
+    assert flat["k0"]["mem_after_forward_bytes"] == flat["k4"]["mem_after_forward_bytes"]

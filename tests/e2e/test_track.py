@@ -134,10 +134,15 @@ def test_torchrun_example_writes_one_record_per_rank(tmp_path):
         peak = next(c for c in record["checks"] if c["quantity"] == "peak_bytes")
         assert peak["verdict"] == "pass" and peak["difference"] == 0, peak
         assert record["meters"]["agreement"] == "agree", record["meters"]
-    # and the sweep's own two-rank DDP point of the same Case measures the same activations after forward
-    # (its forward meter leaves out the batch itself: 2 x 64 int64 ids, 1,024 B, that the step's tracker holds)
+    # and the sweep's own two-rank DDP point of the same Case measures each rank's step the same way: the same
+    # after-forward, phase and buckets; its loop is Accelerate's, whose backward holds the loss one fp32 scalar
+    # longer (4 B, as one process: test_precision_loops.py::test_accelerate_divides_the_loss_inside_backward)
     sweep = run_distributed_cases([case], str(tmp_path / "sweep"), 600)[0]
     assert sweep["status"] == "ok", sweep["reason"]
     flat = flatten_measurement(case, sweep["measurement"])
-    batch = case.batch_size * case.seq_len * 8
-    assert flat["activations_after_forward_bytes"] + batch == r0["measurement"]["activations_after_forward_bytes"]
+    tracked = r0["measurement"]
+    for q in ("mem_after_forward_bytes", "peak_phase", "ddp_bucket_bytes"):
+        assert flat[q] == tracked[q], q
+    assert flat["peak_bytes_per_rank"] == [tracked["peak_bytes"] + 4] * 2
+    assert flat["peak_breakdown"] == {**tracked["peak_breakdown"],
+                                      "activations": tracked["peak_breakdown"]["activations"] + 4}
