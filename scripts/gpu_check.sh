@@ -12,8 +12,9 @@
 #               scripts/step_time_accuracy.py --from-run OUTDIR/run into OUTDIR/step_time_accuracy.txt
 #   extras      EXTRAS_SUITE (default suites/gpu-extras.toml: streamed offload, torch.compile budgets,
 #               LoRA r=16) into OUTDIR/extras
-#   plan        ckptbench plan PLAN_ARGS --verify (default --model llama-1b --device <this card> --seq 4096)
-#               into OUTDIR/plan.txt and OUTDIR/plan/
+#   plan        ckptbench plan PLAN_ARGS --optimize --verify (default --model llama-1b --device <this card>
+#               --seq 4096 --memory 60GiB): the optimum, the best ranked and the best every-n strategy
+#               measured, into OUTDIR/plan.txt and OUTDIR/plan/
 #   gpu-tests   pytest -m gpu on the test files that hold gpu tests, into OUTDIR/pytest-gpu.log
 # before them the environment check and calibration, after them (in the FINAL_S seconds kept for it) the
 # simulated predictions, the reports, the GPU summaries, the worker logs packed, and a table of each
@@ -28,13 +29,13 @@
 # results/reference-gpu-small-sim/simulated.jsonl, whose case ids are theirs; missing points are
 # simulated here if time is left).  ALLOW_CPU=1: run on a machine without CUDA, to test this script
 # itself; the defaults then become CPU stand-ins (suites/gpu-check-cpu.toml, suites/gpu-extras-cpu.toml,
-# plan --model llama-tiny --device cpu), so every part runs in seconds.
+# plan --optimize --model llama-tiny --device cpu), so every part runs in seconds.
 #
 # OUTDIR receives: gpu_check.log (everything printed here), run/ (records.jsonl, timelines.jsonl,
 # calibration.jsonl, suite.toml, calibration.json, simulated.jsonl, summary.json), report.html,
 # report.checks.csv, step_time_accuracy.txt, extras/ (the same files as run/ but calibration.json and
 # simulated.jsonl, and its report.html, report.checks.csv), plan.txt, plan/ (the verify sweep's files,
-# plan.json and the plan's baseline steps), pytest-gpu.log, logs.tar.gz (every folder the sweeps kept in
+# optimum.json, optimum.toml, policy.py and the plan's baseline steps), pytest-gpu.log, logs.tar.gz (every folder the sweeps kept in
 # their results directories: per-point worker logs, ...), nothing deeper than OUTDIR/*/.
 set -uo pipefail
 
@@ -146,8 +147,8 @@ part_plan() {
     args=($PLAN_ARGS)
     # the card's measured matmul rate and copy bandwidth, where calibration measured them
     if [ "$HAVE_CUDA" = 1 ] && [ -s "$RUN/calibration.json" ]; then args+=(--calibration "$RUN/calibration.json"); fi
-    echo "plan ${args[*]} --verify"
-    timed "$(until_end)" "$PY" -m ckptbench plan "${args[@]}" --verify --out "$PLAN" --baselines-dir "$PLAN" \
+    echo "plan ${args[*]} --optimize --verify"
+    timed "$(until_end)" "$PY" -m ckptbench plan "${args[@]}" --optimize --verify --out "$PLAN" --baselines-dir "$PLAN" \
         2>&1 | tee "$OUTDIR/plan.txt"
     rc=${PIPESTATUS[0]}
     return $rc
@@ -241,7 +242,7 @@ if [ "$HAVE_CUDA" = 1 ]; then
     esac
     SUITE=${SUITE:-suites/gpu-check.toml}
     EXTRAS_SUITE=${EXTRAS_SUITE:-suites/gpu-extras.toml}
-    PLAN_ARGS=${PLAN_ARGS:-"--model llama-1b --device $card --seq 4096"}
+    PLAN_ARGS=${PLAN_ARGS:-"--model llama-1b --device $card --seq 4096 --memory 60GiB"}
     case "$SUITE" in
         suites/gpu-check.toml|suites/gpu-small.toml|*/suites/gpu-check.toml|*/suites/gpu-small.toml)
             SIMULATED=${SIMULATED:-results/reference-gpu-small-sim/simulated.jsonl} ;;

@@ -152,7 +152,7 @@ def cmd_optimize(args) -> int:
     if args.verify:
         from .verify_optimum import verify_optimum
 
-        return verify_optimum(args, case, a, predict, result.best, ranked, out, budgets)
+        return verify_optimum(args, case, a, predict, result.best, ranked, out, budgets, every_n)
     return 0
 
 

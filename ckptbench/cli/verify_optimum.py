@@ -1,8 +1,9 @@
-"""``plan --optimize --verify``: the optimum and the best ranked strategy, run here as an ordinary sweep.
+"""``plan --optimize --verify``: the optimum, the best ranked strategy and (when it is another) the best
+every-n strategy, run here as an ordinary sweep.
 
-Both points are predicted before either runs (nothing is fitted to them); the table sets each one's measured
+Every point is predicted before any runs (nothing is fitted to them); the table sets each one's measured
 peak and tokens/s (with the sweep's interval) beside its prediction, and says whether the optimum's measured
-tokens/s is above the ranked strategy's, tied with it within their intervals, or below.
+tokens/s is above each strategy's, tied with it within their intervals, or below.
 """
 
 from __future__ import annotations
@@ -22,7 +23,24 @@ def _interval(record: dict, tokens: int) -> tuple[float, float, float] | None:
     return tokens / median, tokens / hi, tokens / lo
 
 
-def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list[float] = ()) -> int:
+def compared(ranked, every_n) -> list[tuple[str, object]]:
+    """The strategies the optimum is measured against: the best ranked one and, when it is another, the best
+    every-n one (what ``gradient_checkpointing_kwargs={"every_n_layers": k}`` can say)."""
+    out = [] if ranked is None else [("ranked", ranked)]
+    if every_n is not None and (ranked is None or (every_n.strategy, every_n.max_batch)
+                                != (ranked.strategy, ranked.max_batch)):
+        out.append(("every-n", every_n))
+    return out
+
+
+def verdict(mine: tuple[float, float, float], theirs: tuple[float, float, float]) -> str:
+    """Faster, slower or tied: (median, low, high) tokens/s each; tied when the intervals overlap."""
+    return ("faster than" if mine[1] > theirs[2] else "slower than" if mine[2] < theirs[1]
+            else "tied within the intervals with")
+
+
+def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list[float] = (),
+                   every_n=None) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..spec.strategy import checkpointed_layers
     from ..store.records import load_records
@@ -36,18 +54,18 @@ def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list
         suite = parse_suite(fh.read(), "plan --optimize --verify")
     points = {suite.cases[0].id: (f"optimum {_name(best)}", best.peak_bytes, best.tokens_per_s)}
     cases = [suite.cases[0]]
-    if ranked is not None:
-        layers = ranked.layers or tuple(checkpointed_layers(case.model.layers, ranked.every_n_layers))
+    for tag, option in compared(ranked, every_n):
+        layers = option.layers or tuple(checkpointed_layers(case.model.layers, option.every_n_layers))
         text = suite_file("plan-optimum", suite.cases[0].device, model_lines(args.model, layers=args.layers,
-                          precision=case.precision, attn=case.model.attn), train_lines(args), ranked.max_batch,
-                          case.seq_len, layers, ranked.offload, ranked.sac,
-                          every_n=None if ranked.layers else ranked.every_n_layers)
+                          precision=case.precision, attn=case.model.attn), train_lines(args), option.max_batch,
+                          case.seq_len, layers, option.offload, option.sac,
+                          every_n=None if option.layers else option.every_n_layers)
         other = parse_suite(text, "plan --optimize --verify").cases[0]
         other = dataclasses.replace(other, recompute=dataclasses.replace(other.recompute,
-                                                                         offload=ranked.offload_kind))
+                                                                         offload=option.offload_kind))
         if other.id not in points:
             cases.append(other)
-            points[other.id] = (f"ranked {ranked.strategy}", ranked.peak_bytes, ranked.tokens_per_s)
+            points[other.id] = (f"{tag} {option.strategy}", option.peak_bytes, option.tokens_per_s)
 
     if budgets:  # torch.compile at each budget, at the optimum's batch: measured, never predicted
         text = suite_file("plan-optimum", suite.cases[0].device, model_lines(args.model, layers=args.layers,
@@ -85,12 +103,12 @@ def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list
               f"{measured:>28}  {r.get('status', 'missing')}"
               + (f" (measured peak {'=' if m.get('peak_bytes') == peak else '≠'} predicted)"
                  if m.get("peak_bytes") and peak is not None else ""))
-    mine, theirs = seen.get("optimum"), seen.get("ranked")
-    if mine and theirs:
-        verdict = ("faster than" if mine[1] > theirs[2] else "slower than" if mine[2] < theirs[1]
-                   else "tied within the intervals with")
-        print(f"measured: the optimum is {verdict} the best ranked strategy ({mine[0] / theirs[0] - 1:+.1%} at the "
-              "medians)")
+    mine = seen.get("optimum")
+    for tag, name in (("ranked", "the best ranked strategy"), ("every-n", "the best every-n strategy")):
+        theirs = seen.get(tag)
+        if mine and theirs:
+            print(f"measured: the optimum is {verdict(mine, theirs)} {name} ({mine[0] / theirs[0] - 1:+.1%} at the "
+                  "medians)")
     curve = [(c.recompute.compile_budget, records.get(c.id, {})) for c in cases if c.compiled]
     if curve:
         print(compile_curve(curve, a.memory_bytes, mine))

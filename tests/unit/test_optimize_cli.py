@@ -45,3 +45,21 @@ def test_the_compile_curve_is_reported_as_measured_not_assumed_monotonic():
     assert "0→0.5: not monotonic" in line and "1: 0.0000 GiB, oom" in line
     line = compile_curve(rec[:1], 2**20, (1200.0, 1100.0, 1300.0))
     assert "(over the budget)" in line and "did not fall" in line and "1,200 tokens/s" in line
+
+
+def test_verify_measures_the_best_every_n_strategy_only_when_it_is_not_the_ranked_one():
+    from ckptbench.cli.verify_optimum import compared, verdict
+    from ckptbench.theory.plan import Option
+
+    def option(strategy, n, batch, layers=()):
+        return Option(strategy=strategy, every_n_layers=n, offload=False, max_batch=batch, max_seq=None,
+                      layers=layers)
+
+    ranked, every_2 = option("layers-0,1", 0, 6, (0, 1)), option("every-2", 2, 5)
+    assert [t for t, _ in compared(ranked, every_2)] == ["ranked", "every-n"]
+    assert [t for t, _ in compared(every_2, option("every-2", 2, 5))] == ["ranked"]
+    assert [t for t, _ in compared(None, every_2)] == ["every-n"] and compared(None, None) == []
+    # tied while the intervals overlap, else the side the whole interval lies on
+    assert verdict((100.0, 95.0, 105.0), (98.0, 93.0, 96.0)) == "tied within the intervals with"
+    assert verdict((110.0, 107.0, 112.0), (100.0, 95.0, 106.0)) == "faster than"
+    assert verdict((90.0, 85.0, 94.0), (100.0, 95.0, 106.0)) == "slower than"
