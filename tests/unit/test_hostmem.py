@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import resource
 
@@ -19,13 +20,17 @@ def test_total_memory_agrees_with_sysconf():
 
 def test_own_high_water_mark_agrees_with_getrusage():
     rss, hwm = resident_bytes(os.getpid())
-    held = b"\x01" * (64 * 2**20)  # raise the high-water mark by a known amount, then read both accounts
+    # raise the high-water mark by a known amount, then read both accounts: fresh pages of an anonymous map,
+    # each written (a malloc'd buffer can reuse heap the process already holds resident: after a test that
+    # freed a gigabyte in the same worker, 64 MiB of bytes left VmRSS unchanged to the byte)
+    held = mmap.mmap(-1, 64 * 2**20)
+    held.write(b"\x01" * len(held))
     rss2, hwm2 = resident_bytes(os.getpid())
     assert rss2 >= rss + 60 * 2**20 and hwm2 >= rss2
     # the same high-water mark through getrusage (KiB on Linux); the kernel folds each thread's cached RSS
     # delta (up to 64 pages a thread) into the two accounts at different moments, hence the slack
     assert abs(hwm2 - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) <= 2**20
-    del held
+    held.close()
 
 
 def test_a_process_that_is_gone_has_no_figures():
