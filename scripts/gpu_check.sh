@@ -35,8 +35,9 @@
 # calibration.jsonl, suite.toml, calibration.json, simulated.jsonl, summary.json), report.html,
 # report.checks.csv, step_time_accuracy.txt, extras/ (the same files as run/ but calibration.json and
 # simulated.jsonl, and its report.html, report.checks.csv), plan.txt, plan/ (the verify sweep's files,
-# optimum.json, optimum.toml, policy.py and the plan's baseline steps), pytest-gpu.log, logs.tar.gz (every folder the sweeps kept in
-# their results directories: per-point worker logs, ...), nothing deeper than OUTDIR/*/.
+# optimum.json, optimum.toml, policy.py and the plan's baseline steps), pytest-gpu.log, logs.tar.gz
+# (every folder the sweeps kept in their results directories: per-point worker logs, ...), nothing
+# deeper than OUTDIR/*/.
 set -uo pipefail
 
 OUTDIR=${1:?usage: scripts/gpu_check.sh OUTDIR}

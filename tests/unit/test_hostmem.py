@@ -24,7 +24,8 @@ def test_own_high_water_mark_agrees_with_getrusage():
     # each written (a malloc'd buffer can reuse heap the process already holds resident: after a test that
     # freed a gigabyte in the same worker, 64 MiB of bytes left VmRSS unchanged to the byte)
     held = mmap.mmap(-1, 64 * 2**20)
-    held.write(b"\x01" * len(held))
+    for page in range(0, len(held), mmap.PAGESIZE):
+        held[page] = 1
     rss2, hwm2 = resident_bytes(os.getpid())
     assert rss2 >= rss + 60 * 2**20 and hwm2 >= rss2
     # the same high-water mark through getrusage (KiB on Linux); the kernel folds each thread's cached RSS
