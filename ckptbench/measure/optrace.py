@@ -92,6 +92,7 @@ class OpRecorder(FlopCounter):
         super().__init__()
         self.entries: dict[str, dict] = {}
         self.calls: list[str] | None = [] if sequence else None  # every call's key, in order, when asked
+        self.call_phases: list[str] | None = [] if sequence else None  # the phase of each of those calls
 
     def _phase(self) -> str:
         """The phase the caller set; inside backward, an op the autograd engine runs with grad mode on is a
@@ -131,6 +132,7 @@ class OpRecorder(FlopCounter):
         entry["counts"][phase] += 1
         if self.calls is not None:
             self.calls.append(key)
+            self.call_phases.append(phase)
         if entry["flops"]:
             self.flops[phase] += entry["flops"]
             name = str(func._overloadpacket).removeprefix("aten.")
@@ -146,6 +148,7 @@ class OpRecorder(FlopCounter):
         self._entry(key, f"copy.{direction}", "copy", 0, spanned_bytes(t))["counts"][phase] += 1
         if self.calls is not None:
             self.calls.append(key)
+            self.call_phases.append(phase)
 
     def trace(self) -> list[dict]:
         """The entries, in the order they first ran."""

@@ -76,32 +76,40 @@ def depth_extrapolated(case: Case, price) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _recorded(case: Case) -> tuple[dict, tuple]:
+def _recorded(case: Case) -> tuple[dict, tuple, tuple]:
+    """(entries, every call's key in order, every call's phase) of `case`'s traced step."""
     from .optrace import record_case
 
     recorder = record_case(case, sequence=True)
-    return recorder.entries, tuple(recorder.calls)
+    return recorder.entries, tuple(recorder.calls), tuple(recorder.call_phases)
 
 
 def _affine_calls(case: Case) -> list[dict] | None:
     """Every call of `case`'s step with its FLOPs and bytes at its batch, from the steps at batch 2 and 3;
     None when the two do not run the same ops in the same order."""
-    e1, calls1 = _recorded(replace(case, batch_size=2))
-    e2, calls2 = _recorded(replace(case, batch_size=3))
+    e1, calls1, phases = _recorded(replace(case, batch_size=2))
+    e2, calls2, _ = _recorded(replace(case, batch_size=3))
     if len(calls1) != len(calls2) or any(e1[a]["op"] != e2[b]["op"] for a, b in zip(calls1, calls2)):
         return None
     b = case.batch_size - 2
-    return [{"key": None, "kind": e1[x]["kind"], "flops": e1[x]["flops"] + b * (e2[y]["flops"] - e1[x]["flops"]),
-             "bytes": e1[x]["bytes"] + b * (e2[y]["bytes"] - e1[x]["bytes"])} for x, y in zip(calls1, calls2)]
+    return [{"key": None, "kind": e1[x]["kind"], "phase": p,
+             "flops": e1[x]["flops"] + b * (e2[y]["flops"] - e1[x]["flops"]),
+             "bytes": e1[x]["bytes"] + b * (e2[y]["bytes"] - e1[x]["bytes"])}
+            for x, y, p in zip(calls1, calls2, phases)]
+
+
+def step_calls(case: Case) -> list[dict]:
+    """Every call of a shallow `case`'s step, in order, with its kind, phase, FLOPs and bytes."""
+    calls = _affine_calls(case)
+    if calls is None:
+        entries, order, phases = _recorded(case)
+        calls = [{**entries[k], "phase": p} for k, p in zip(order, phases)]
+    return calls
 
 
 def priced(case: Case, rates: Rates) -> float:
     """Seconds of a shallow `case`'s step at `rates` (no timed entries: every call modelled)."""
-    calls = _affine_calls(case)
-    if calls is None:
-        entries, order = _recorded(case)
-        calls = [entries[k] for k in order]
-    return sum(entry_seconds(c, rates) for c in calls)
+    return sum(entry_seconds(c, rates) for c in step_calls(case))
 
 
 class DatasheetTimer:
