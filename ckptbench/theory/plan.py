@@ -3,11 +3,14 @@
 For each strategy (no checkpointing; every distinct set of checkpointed layers that ``every_n_layers``
 = 1…L gives; each with and without offload) the planner finds, by bisection over the estimated peak,
 the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
-then predicts the step time at that batch: on this machine (or on the card, when the plan runs on it)
-from baseline steps measured here and transformed by the step-time model (:mod:`.steptime`: recomputed
-layers' measured forward, offload's copies at the link; the caller's timer), on a card that is not here
-from its roofline (:mod:`.plantime`: the traced step's ops at the datasheet's rates, a lower bound), plus
-the collectives of data parallel ranks.
+then predicts the step time at that batch (or at the caller's fixed batch): on this machine (or on the
+card, when the plan runs on it) from baseline steps measured here and transformed by the step-time model
+(:mod:`.steptime`: recomputed layers' measured forward, offload's copies at the link; the caller's timer),
+on a card that is not here from the traced step at the rates kernels reached on a measured card
+(:mod:`.achieved`: an expected time with the held-out interval of that card's run; the datasheet roofline
+of :mod:`.plantime`, a lower bound, only when asked), plus the collectives of data parallel ranks that
+compute does not hide (:mod:`.overlap`: FSDP2's prefetched all-gathers and reduce-scatters, DDP's buckets
+during the backward, local SGD's blocking averaging).
 The recommendation is the highest predicted tokens/s that fits, so a larger batch wins only where it
 really is faster per token.  With
 ``layer_sets`` the strategies also hold, for each count of layers no ``every_n_layers`` checkpoints, the
@@ -33,9 +36,10 @@ from .extrapolate import NotAffine
 from .flops import hardware_flops_per_token, peak_flops
 from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 from .layersets import layer_set_strategies
-from .network import LINKS, allreduce_s
+from .network import Link
+from .overlap import split_by_flops
+from .planspeed import comm_time, default_timer, step_time
 from .planstrategies import candidates, strategies  # noqa: F401  (strategies: part of the plan's API)
-from .plantime import DatasheetTimer
 
 CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
 CUDA_CONTEXT_BYTES = 600 * 2**20  # CUDA context and library workspaces, stated apart by the meters
@@ -66,6 +70,11 @@ class Assumptions:
     # ddp: every rank the whole model (+ DDP's buckets); fsdp: FSDP2, each rank's memory as theory/fsdp.py
     # composes it, the all-gathers and reduce-scatters projected on the link
     sharding: str = "ddp"
+    # a world past ranks_per_host crosses hosts: `network` is then the network between them, `intra` the
+    # link inside each; a measured link (a calibration's collective) replaces both
+    ranks_per_host: int = 8
+    intra: str = "NVLink"
+    measured_link: Link | None = None
 
     def needed(self, peak: int) -> int:
         """Device memory a step with this estimated peak needs."""
@@ -84,6 +93,16 @@ class Option:
     tokens_per_s: float | None = None
     recompute_flops_share: float = 0.0
     layers: tuple[int, ...] = ()  # a layer set (every_n_layers 0), when the plan was asked for them
+    batch: int = 0  # the batch the step is timed at: max_batch, or the caller's fixed batch (0: none fits)
+    compute_s: float | None = None  # the step's compute (all micro-batches, optimizer included)
+    comm_s: float | None = None  # its collectives on the link, end to end
+    exposed_s: float | None = None  # the part of them compute does not hide (in step_s)
+    step_low_s: float | None = None  # the step's interval where the timer has one (measured card's run)
+    step_high_s: float | None = None
+
+    def __post_init__(self):
+        if not self.batch and self.step_s is not None:  # made with a step time: timed at its largest batch
+            self.batch = self.max_batch
     sac: str = ""  # the SAC policy of every checkpointed layer ("": plain checkpointing)
     offload_kind: str = ""  # "streamed": streamed offload (where offload); "": transformers' own
 
@@ -152,20 +171,6 @@ def _fits(case: Case, a: Assumptions, predict) -> tuple[bool, int]:
     return a.needed(peak) <= a.memory_bytes, peak
 
 
-def comm_seconds(case: Case, a: Assumptions, predict) -> float:
-    """Collective time per optimizer step on the named link, added to compute (a projection, not
-    overlapped): DDP's ring all-reduce of the gradients every step, local SGD's of the parameters every K
-    steps, or FSDP2's all-gathers and reduce-scatters."""
-    if a.world < 2:
-        return 0.0
-    link = next(k for k in LINKS if k.name == a.network)
-    if a.sharding == "fsdp":
-        collectives, bus = predict.collectives(case)
-        return collectives * (a.world - 1) * link.latency_s + bus / link.bandwidth_Bps
-    seconds = allreduce_s(predict.params_bytes(case), a.world, link)
-    return seconds / a.local_sgd_steps if a.local_sgd_steps else seconds
-
-
 def _largest(make, a: Assumptions, hi: int, predict) -> int:
     """The largest k in 1..hi for which make(k) fits (0 when 1 does not): doubling, then bisection."""
     if not _fits(make(1), a, predict)[0]:
@@ -183,30 +188,28 @@ def _largest(make, a: Assumptions, hi: int, predict) -> int:
     return lo
 
 
-def default_timer(a: Assumptions):
-    """The step times a plan gets when its caller gives none: a card's datasheet rates (a CPU plan is
-    timed by the caller, with the rates measured here: :class:`ckptbench.run.baselines.MeasuredTimer`)."""
-    if a.device != "cuda":
-        return None
-    return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
-
-
 def step_seconds(case: Case, a: Assumptions, predict=None, timer=None) -> tuple[float | None, float]:
-    """(predicted step time, recompute share of the FLOPs): `timer`'s time of the step (the traced ops
-    priced, recompute and offload copies included), plus the collectives of data-parallel ranks."""
+    """(predicted step time, recompute share of the FLOPs): :func:`.planspeed.step_time`'s step."""
     predict = predict or Analytic()
-    timer = timer or default_timer(a)
     total, plain = predict.flops(case)
     share = (total - plain) / total if total else 0.0
-    seconds = timer(case) if timer is not None else None
-    if seconds is None:
-        return None, share
-    return seconds + comm_seconds(case, a, predict), share
+    t = step_time(case, a, predict, timer)
+    return (t.step_s if t else None), share
+
+
+def comm_seconds(case: Case, a: Assumptions, predict=None, compute=None) -> float:
+    """The collectives' seconds a step waits for (:func:`.planspeed.comm_time`); `compute` split by FLOPs
+    when not given."""
+    if a.world < 2:
+        return 0.0
+    if compute is None:
+        compute = split_by_flops(1.0, case.model.layers, tuple(case.checkpointed_layers))
+    return comm_time(case, a, predict or Analytic(), compute).exposed_s
 
 
 def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predict=None,
          setup: Setup = Setup(), layer_sets: bool = False, timer=None, sac: tuple[str, ...] = (),
-         streamed: bool = False) -> list[Option]:
+         streamed: bool = False, batch: int = 0) -> list[Option]:
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
@@ -214,7 +217,8 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
     (SAC policies to rank) it must answer those policies' Cases too
     (:class:`.planstrategies.PerStrategy`).  `streamed` also ranks streamed offload beside each offload.
     A largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.  `timer`
-    gives a Case's step time (:func:`default_timer` when None: a card's datasheet rates).
+    gives a Case's step time (:func:`default_timer` when None).  `batch`: time every strategy at that local
+    batch instead of its largest (a strategy that cannot fit it gets no step time).
     """
     train, predict = train or TrainSpec(), predict or Analytic()
     timer = timer or default_timer(a)
@@ -238,11 +242,17 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
             max_seq = None
         opt = Option(checkpointing_name(n, off, rc), n, off, max_batch, max_seq, layers=rc.layers, sac=rc.sac,
                      offload_kind=rc.offload if off else "")
-        if max_batch:
-            best = case(max_batch, seq, n, off, rc)
+        opt.batch = (batch if batch <= max_batch else 0) if batch else max_batch
+        if opt.batch:
+            best = case(opt.batch, seq, n, off, rc)
             opt.peak_bytes = _fits(best, a, predict)[1]
-            opt.step_s, opt.recompute_flops_share = step_seconds(best, a, predict, timer)
-            opt.tokens_per_s = a.world * max_batch * seq / opt.step_s if opt.step_s else None
+            total, plain = predict.flops(best)
+            opt.recompute_flops_share = (total - plain) / total if total else 0.0
+            t = step_time(best, a, predict, timer)
+            if t is not None:
+                opt.step_s, opt.compute_s, opt.comm_s, opt.exposed_s = t.step_s, t.compute_s, t.comm_s, t.exposed_s
+                opt.step_low_s, opt.step_high_s = t.low_s, t.high_s
+                opt.tokens_per_s = a.world * opt.batch * seq / t.step_s
         options.append(opt)
     return sorted(options, key=lambda o: (-(o.tokens_per_s or 0), -o.max_batch))
 
@@ -294,15 +304,18 @@ def shown_rows(options: list[Option], count: int) -> list[Option]:
 def recommendation(options: list[Option], device: str = "cuda") -> str:
     """The fastest fitting option, the runner-up, and why the one beats the other.  On a CPU offload copies
     nothing (the host is the device), so it is never the reason a runner-up is slower."""
-    fitting = [o for o in options if o.max_batch and o.tokens_per_s]
+    fitting = [o for o in options if o.batch and o.tokens_per_s]
     if not fitting:
         return "nothing fits: not even batch 1 of any strategy at this sequence length"
     best = fitting[0]
-    line = (f"{best.strategy} at batch {best.max_batch}: {best.tokens_per_s:,.0f} tokens/s predicted")
+    line = f"{best.strategy} at batch {best.batch}: {best.tokens_per_s:,.0f} tokens/s predicted"
+    if best.step_low_s and best.step_high_s:
+        scale = best.tokens_per_s * best.step_s
+        line += f" ({scale / best.step_high_s:,.0f}-{scale / best.step_low_s:,.0f})"
     if len(fitting) > 1:
         second = fitting[1]
         why = []
-        if second.max_batch < best.max_batch:
+        if second.batch < best.batch:
             why.append(f"it fits batch {second.max_batch} only")
         if second.recompute_flops_share > best.recompute_flops_share:
             why.append(f"it recomputes {second.recompute_flops_share:.0%} of its FLOPs")
@@ -310,12 +323,15 @@ def recommendation(options: list[Option], device: str = "cuda") -> str:
             why.append("its offload copies cost time")
         elif second.offload and not best.offload and second.strategy.replace("+offload", "", 1) == best.strategy:
             why.append(f"on a CPU offload copies nothing: {best.strategy}'s step and memory")
-        if not why and second.max_batch > best.max_batch:
-            why.append(f"batch {second.max_batch} fits, but its predicted step is slower per token")
+        if second.exposed_s and best.exposed_s is not None and second.exposed_s > best.exposed_s * 1.05 + 1e-6:
+            why.append(f"{second.exposed_s * 1e3:,.0f} ms a step of its collectives is not hidden "
+                       f"({best.exposed_s * 1e3:,.0f} ms for {best.strategy})")
+        if not why and second.batch > best.batch:
+            why.append(f"batch {second.batch} fits, but its predicted step is slower per token")
         if not why and second.peak_bytes and best.peak_bytes:  # as fast: what tells them apart is memory
-            why.append(f"it peaks at {second.peak_bytes / 2**30:.2f} GiB at batch {second.max_batch}, "
+            why.append(f"it peaks at {second.peak_bytes / 2**30:.2f} GiB at batch {second.batch}, "
                        f"{best.strategy} at {best.peak_bytes / 2**30:.2f} GiB")
-        line += (f"; runner-up {second.strategy} at batch {second.max_batch}, "
+        line += (f"; runner-up {second.strategy} at batch {second.batch}, "
                  f"{second.tokens_per_s / best.tokens_per_s:.2f}× as fast" + (f" ({'; '.join(why)})" if why else ""))
     return line
 

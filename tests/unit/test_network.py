@@ -50,4 +50,5 @@ def test_faster_links_need_smaller_k():
     ks = [crossover_k(7.2e5, 39, 2, 0.03, link) for link in LINKS]  # llama-tiny, accelerate's per-tensor sync
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
     names = [link.name for link in LINKS]
-    assert names == ["1 GbE", "10 GbE", "100 GbE", "400G IB", "NVLink"]
+    assert names == ["1 GbE", "10 GbE", "100 GbE", "100G IB", "200G IB", "PCIe 4", "400G IB", "PCIe 5", "NVLink3",
+                     "NVLink"]
