@@ -21,18 +21,31 @@ SUMMARY = "summary.json"
 
 
 def cmd_calibrate(args) -> int:
-    from ..measure.calibrate import calibrate
+    from ..base.errors import UsageError
+    from ..measure.calibrate import calibrate, collective_rate
 
+    if args.collective is not None and args.collective < 2:
+        raise UsageError(f"--collective {args.collective}: a collective needs at least 2 processes")
     result = calibrate(args.size_mib, args.reps)
+    path = os.path.join(args.run, CALIBRATION)
     if not result["available"]:
-        print(f"calibrate: {result['reason']}; nothing measured", file=sys.stderr)
+        print(f"calibrate: {result['reason']}; no copy or matmul measured", file=sys.stderr)
+        result = {}
+    else:
+        print(f"calibrate: {result['device_name']}: H2D {result['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
+              f"D2H {result['d2h_bytes_per_s'] / 1e9:.1f} GB/s (pinned, {args.size_mib} MiB), "
+              f"bf16 matmul {result['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    if args.collective:
+        c = collective_rate(args.collective, args.size_mib * 2**20, args.reps)
+        result.update(c)
+        print(f"calibrate: all-reduce over {c['collective_world']} processes ({c['collective_backend']}): "
+              f"{c['collective_bus_bytes_per_s'] / 1e9:.2f} GB/s bus bandwidth, {c['collective_latency_s'] * 1e6:.0f} us "
+              "a hop")
+    if not result:
         return 0
     os.makedirs(args.run, exist_ok=True)
-    path = os.path.join(args.run, CALIBRATION)
     write_json_atomic(path, result)
-    print(f"calibrate: {result['device_name']}: H2D {result['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
-          f"D2H {result['d2h_bytes_per_s'] / 1e9:.1f} GB/s (pinned, {args.size_mib} MiB), "
-          f"bf16 matmul {result['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s -> {path}")
+    print(f"calibrate: -> {path}")
     return 0
 
 
@@ -76,6 +89,9 @@ def add_parsers(sub) -> None:
     p.add_argument("run", help="results directory to write calibration.json into")
     p.add_argument("--size-mib", type=int, default=256, help="copy size (default 256)")
     p.add_argument("--reps", type=int, default=5, help="timed copies each way (default 5)")
+    p.add_argument("--collective", type=int, metavar="N",
+                   help="also time a ring all-reduce between N processes here (NCCL across N GPUs, else gloo): "
+                        "the bus bandwidth and latency `plan --calibration` uses for --world")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("simulate-suite", help="FakeTensor predictions for every point of a suite (no GPU)")

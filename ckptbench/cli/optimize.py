@@ -16,7 +16,6 @@ import sys
 import time
 
 from ..base.errors import UsageError
-from .argtypes import at_least_one
 from .handover import policy_name
 
 GIB = 2**30
@@ -42,8 +41,6 @@ def add_flags(p) -> None:
                    help="with --optimize: host RAM the offloaded activations of the ranks on one host may use")
     p.add_argument("--pinned-memory", metavar="SIZE",
                    help="with --optimize: pinned host memory the offloaded activations may use")
-    p.add_argument("--ranks-per-host", type=at_least_one, metavar="N",
-                   help="with --optimize: ranks sharing one host's memory (default: --world, at most 8)")
     p.add_argument("--compile-budgets", metavar="B,B,...",
                    help="with --optimize --verify: also measure torch.compile at these activation memory budgets "
                         "(0..1) at the optimum's batch, reported as the measured curve beside the optimum")
@@ -55,7 +52,7 @@ def add_flags(p) -> None:
 def optimizing(args) -> bool:
     """Whether the plan is --optimize; its own flags without it are refused."""
     if not args.optimize:
-        for flag in ("host_memory", "pinned_memory", "ranks_per_host", "handover", "compile_budgets"):
+        for flag in ("host_memory", "pinned_memory", "handover", "compile_budgets"):
             if getattr(args, flag) is not None:
                 raise UsageError(f"--{flag.replace('_', '-')}: only with --optimize")
     return args.optimize
@@ -111,7 +108,8 @@ def cmd_optimize(args) -> int:
     from ..spec.case import analytic_point
     from ..theory import plan as planner
     from ..theory.optimize import optimize
-    from .plan import assumptions, not_ranked, predictor, sac_policies, step_timer, streams
+    from .plan import assumptions, not_ranked, predictor, sac_policies, streams
+    from .planspeed import step_timer
 
     _refuse_flags(args)
     budgets = compile_budgets(args)
@@ -183,7 +181,7 @@ def to_dict(case, result, ranked, a, predict, took: float, ranked_s: float) -> d
 
 
 def render(case, seq: int, a, result, ranked, summary: dict) -> str:
-    from .plan import run_label
+    from .planview import run_label
 
     lines = [f"{run_label(case)} at seq {seq}, {a.memory_bytes / GIB:.4g} GiB on {a.device_name or a.device}"
              + (f" × {a.world} ranks ({a.sharding})" if a.world > 1 else "")]
@@ -225,7 +223,7 @@ def render(case, seq: int, a, result, ranked, summary: dict) -> str:
 def write_handover(out: str, args, case, a, best, summary: dict) -> list[str]:
     from ..store.files import write_text_atomic
     from .handover import policy_file, suite_file, training_arguments
-    from .plan import run_label
+    from .planview import run_label
     from .quick import model_lines, train_lines
 
     sac = best.mode[4:] if best.mode.startswith("sac-") else ""

@@ -20,7 +20,6 @@ from multiprocessing import get_context
 from ..base.errors import UsageError
 from .argtypes import at_least_one, at_least_zero
 
-SHOWN = 12  # table rows; --json has every strategy
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
          "gb": 10**9, "tb": 10**12}
 
@@ -68,15 +67,15 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
     from ..theory import plan as planner
 
     setup = setup or Setup()
+    sharded = None
     if a.sharding == "fsdp":
         if not analytic_sharded_point(spec, setup, a.device) or force_simulation:
             raise UsageError("--sharding fsdp is planned from the analytic estimate of one rank: llama, qwen2 or "
                              "gpt2 shapes in a pure precision (--precision bf16 or fp32) or bf16-mixed (FSDP2's "
                              "MixedPrecisionPolicy) under the manual loop, full fine-tuning with AdamW")
-        if sac:
-            raise UsageError("--sac: SAC policies are planned for one unsharded rank (the sharded estimate does "
-                             "not model what a policy keeps); drop --sharding fsdp or --sac")
-        return planner.ShardedAnalytic(a.world)
+        sharded = planner.ShardedAnalytic(a.world)
+        if not sac:
+            return sharded
     base = planner.Analytic() if analytic_point(spec, setup, a.device) and not force_simulation else None
     if base is not None and not sac:
         return base
@@ -101,7 +100,12 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
         base = base or fitted(Recompute(), "the strategies")
         if not sac:
             return base
-        return PerStrategy(base, {p: fitted(Recompute(sac=p), f"SAC policy {p}") for p in sac})
+        policies = {p: fitted(Recompute(sac=p), f"SAC policy {p}") for p in sac}
+        if sharded is not None:
+            from ..theory.planstrategies import ShardedPerStrategy
+
+            return ShardedPerStrategy(sharded, base, policies)
+        return PerStrategy(base, policies)
 
 
 def sac_policies(text: str | None) -> tuple[str, ...]:
@@ -195,14 +199,11 @@ def assumptions(args):
     cal = read_calibration(args.calibration, args.verify)
     sources = {}
     a = {"world": args.world, "local_sgd_steps": args.local_sgd_steps, "network": args.network,
-         "sharding": args.sharding}
-    if args.world > 1 and args.sharding == "fsdp":
-        sources["network"] = (f"{args.world} ranks, FSDP2: each layer all-gathered twice and reduce-scattered once "
-                              f"a step on {args.network} (alpha-beta projection, added to compute)")
-    elif args.world > 1:
-        sync = f"local SGD every {args.local_sgd_steps} steps" if args.local_sgd_steps else "DDP every step"
-        sources["network"] = (f"{args.world} ranks, {sync}: ring all-reduce on {args.network} "
-                              "(alpha-beta projection, added to compute)")
+         "sharding": args.sharding, "ranks_per_host": args.ranks_per_host or 8, "intra": args.intra_host}
+    if args.world > 1:
+        from .planspeed import network_of
+
+        a["measured_link"] = network_of(args, cal, sources)
     if cal.get("training_efficiency"):  # what an older --verify wrote: read, and said to be unused
         sources["training_efficiency"] = (f"{cal['training_efficiency']:.0%} in {args.calibration}, from an older "
                                           "--verify: not used, step times come from measured baseline steps")
@@ -230,64 +231,9 @@ def assumptions(args):
     return case, planner.Assumptions(**a, sources=sources)
 
 
-def step_timer(args, a, threads: int):
-    """Who times the plan's steps: baseline steps measured here and transformed (this CPU, or the card itself
-    when the plan runs on it: :class:`~ckptbench.run.baselines.MeasuredTimer`), else the card's roofline
-    (:class:`~ckptbench.theory.plantime.DatasheetTimer`)."""
-    from ..run.baselines import MeasuredTimer
-    from ..theory.plantime import DatasheetTimer
-
-    if a.device == "cpu":
-        return MeasuredTimer(args.rates_dir, threads)
-    import torch
-
-    if torch.cuda.is_available() and a.device_name.lower() in torch.cuda.get_device_name().lower():
-        return MeasuredTimer(args.rates_dir, threads, a.link_bytes_per_s)
-    return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
-
-
-def run_label(case) -> str:
-    """The model and how it is trained: llama-8b (llama, 32 layers, bf16-mixed sdpa, Trainer loop)."""
-    spec = case.model
-    setup = case.setup
-    loop = "" if setup.loop == "manual" else f", {setup.loop} loop"
-    if setup.lora:
-        targets = ",".join(setup.lora.targets) or "peft's default targets"
-        loop += f", LoRA r={setup.lora.r} on {targets} (base frozen)"
-    loop += f", {setup.optimizer}" if setup.optimizer != "adamw" else ""
-    return f"{spec.label} ({spec.family}, {spec.layers} layers, {case.precision} {spec.attn}{loop})"
-
-
-def render(case, seq: int, options, a, why_nothing: str = "") -> str:
-    from ..theory.plan import merged, recommendation, shown_rows
-
-    gib = 2**30
-    ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""
-    ranks += ", FSDP2: memory per rank" if a.sharding == "fsdp" else ""
-    lines = [f"{run_label(case)} at seq {seq}, "
-             f"{a.memory_bytes / gib:.2f} GiB on {a.device_name or a.device}{ranks}",
-             f"{'strategy':<46} {'max batch':>9} {'max seq @b1':>11} {'peak GiB':>9} {'step s':>8} {'tokens/s':>10}"]
-    shown, rows = shown_rows(options, SHOWN), merged(options)
-    for o in shown:
-        lines.append(f"{o.strategy:<46} {o.max_batch:>9} {'-' if o.max_seq is None else o.max_seq:>11} "
-                     f"{'-' if o.peak_bytes is None else f'{o.peak_bytes / gib:.2f}':>9} "
-                     f"{'-' if o.step_s is None else f'{o.step_s:.3f}':>8} "
-                     f"{'-' if o.tokens_per_s is None else f'{o.tokens_per_s:,.0f}':>10}")
-    if len(shown) < len(rows):
-        lines.append(f"... {len(rows) - len(shown)} slower or smaller rows more ({len(options)} strategies; "
-                     "--json lists each)")
-    lines.append(f"recommended: {why_nothing or recommendation(options, a.device)}")
-    lines.append(f"step time: {a.step_time_source}" if a.step_time_source
-                 else "step time: none predicted (no setting fits)")
-    lines.append("assumed: " + "; ".join(
-        ([f"reserved +{a.reserved_margin:.0%} and context {a.context_bytes / 2**20:.0f} MiB on the peak "
-          f"({a.sources.get('reserved_margin', 'default')})"] if a.device == "cuda" else [])
-        + [f"{k}: {v}" for k, v in a.sources.items() if k != "reserved_margin"] or ["nothing beyond the estimate"]))
-    return "\n".join(lines)
-
-
 def cmd_plan(args) -> int:
     from ..theory import plan as planner
+    from .planview import render, run_label
 
     _check_html(args.html)
     case, a = assumptions(args)
@@ -303,9 +249,17 @@ def cmd_plan(args) -> int:
         raise UsageError("--layer-sets: planned from the analytic estimate of an unsharded point, without --verify "
                          "(which measures every_n_layers settings)")
     predict = predictor(spec, args.seq, a, args.simulate, case.setup, sac)
+    from .planspeed import step_timer
+
     timer = step_timer(args, a, case.train.threads)
     options = planner.plan(spec, args.seq, a, predict=predict, setup=case.setup, layer_sets=args.layer_sets,
-                           timer=timer, sac=sac, streamed=streams(a, predict) and not args.verify)
+                           timer=timer, sac=sac, streamed=streams(a, predict) and not args.verify,
+                           batch=args.batch or 0)
+    if args.batch and not any(o.batch for o in options):
+        largest = max(options, key=lambda o: o.max_batch)
+        raise UsageError(f"--batch {args.batch}: no strategy fits it at seq {args.seq} on "
+                         f"{a.memory_bytes / 2**30:.2f} GiB (the largest: batch {largest.max_batch}, "
+                         f"{largest.strategy})")
     a = dataclasses.replace(a, step_time_source=timer.source)
     why = "" if any(o.max_batch for o in options) else planner.nothing_fits(spec, args.seq, a, predict, case.setup)
     took = time.perf_counter() - t0
@@ -376,7 +330,18 @@ def add_parser(sub) -> None:
     from ..theory.network import LINKS
 
     p.add_argument("--network", default="NVLink", choices=[k.name for k in LINKS],
-                   help="the link between ranks for --world (default NVLink)")
+                   help="the link between ranks for --world (default NVLink); past --ranks-per-host, the network "
+                        "between hosts (an InfiniBand or Ethernet rate per GPU)")
+    p.add_argument("--ranks-per-host", type=at_least_one, metavar="N",
+                   help="GPUs per host (default: --world, at most 8): a --world past it spans hosts; with "
+                        "--optimize, the ranks sharing one host's memory")
+    p.add_argument("--intra-host", default="NVLink", choices=[k.name for k in LINKS if not k.between_hosts],
+                   help="the link between the GPUs of one host when --world spans hosts (default NVLink)")
+    p.add_argument("--batch", type=at_least_one, metavar="N",
+                   help="rank the strategies at this local batch (per rank) instead of each one's largest")
+    p.add_argument("--lower-bound", action="store_true",
+                   help="on a card that is not here, price every op at the datasheet's rates (a lower bound on the "
+                        "step) instead of the expected time at the rates a measured card's kernels reached")
     p.add_argument("--layer-sets", action="store_true",
                    help="also plan, for each count of layers no every_n_layers checkpoints, the best set of that "
                         "many layers (of the first k, k spread evenly and the last k: the lowest estimated peak)")

@@ -84,3 +84,76 @@ def calibrate(size_mib: int = 256, reps: int = 5) -> dict:
     out.update(copy_bandwidth(size_mib * 2**20, reps))
     out.update(matmul_peak())
     return out
+
+
+def _collective_worker(rank: int, world: int, port: int, backend: str, size_bytes: int, reps: int,
+                       out: str) -> None:
+    import json
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+        def timed(numel: int) -> float:
+            t = torch.ones(numel, dtype=torch.float32, device=device)
+            for _ in range(2):  # the ring is built on the first calls
+                dist.all_reduce(t)
+            times = []
+            for _ in range(reps):
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(t)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+
+        small, large = timed(1), timed(max(1, size_bytes // 4))
+        if rank == 0:
+            ring = 2 * (world - 1) / world
+            with open(out, "w", encoding="utf-8") as fh:
+                json.dump({"collective_backend": backend, "collective_world": world,
+                           "collective_payload_bytes": max(1, size_bytes // 4) * 4, "collective_reps": reps,
+                           "collective_small_s": small, "collective_large_s": large,
+                           "collective_latency_s": small / (2 * (world - 1)),
+                           "collective_bus_bytes_per_s": ring * max(1, size_bytes // 4) * 4 / max(large - small, 1e-9)},
+                          fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def collective_rate(world: int = 2, size_bytes: int = 64 * 2**20, reps: int = 5, backend: str | None = None) -> dict:
+    """A ring all-reduce's bus bandwidth and per-hop latency between `world` processes of this machine:
+    NCCL across its GPUs where there are `world` of them, else gloo over loopback.  The median of `reps`
+    all-reduces of one float (the latency: its time over 2(n−1) hops) and of `size_bytes` (the bus
+    bandwidth: 2(n−1)/n of the payload over the time beyond the small one's)."""
+    import os
+    import socket
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        mp.start_processes(_collective_worker, args=(world, port, backend, size_bytes, reps, out), nprocs=world,
+                           start_method="spawn")
+        import json
+
+        with open(out, encoding="utf-8") as fh:
+            return json.load(fh)
+    finally:
+        os.unlink(out)

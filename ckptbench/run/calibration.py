@@ -46,7 +46,9 @@ def machine_rates(cases: list[Case], forked: bool = False) -> tuple[Rates | None
     return Rates.from_json(json.loads(proc.stdout)), ""
 
 
-RATES = ("h2d_bytes_per_s", "d2h_bytes_per_s", "matmul_flops_per_s")  # what plans and summaries divide by
+# what plans and summaries divide by (a collective's: `calibrate --collective`, the ring the plan's ranks use)
+RATES = ("h2d_bytes_per_s", "d2h_bytes_per_s", "matmul_flops_per_s", "collective_bus_bytes_per_s",
+         "collective_latency_s")
 
 
 def read_calibration(path: str | None, verify: bool = False, label: str = "--calibration ") -> dict:

@@ -75,3 +75,29 @@ class PerStrategy:
 
     def flops(self, case) -> tuple[float, float]:
         return self._for(case).flops(case)
+
+
+class ShardedPerStrategy(PerStrategy):
+    """An FSDP2 plan that ranks SAC policies: one rank's peak is the sharded estimate of the Case with its
+    layers checkpointed plainly (:class:`.plan.ShardedAnalytic`), plus what the policy keeps beyond plain
+    checkpointing on one unsharded rank at the same local batch (the policy's few-layer fit less the
+    analytic estimate of the plain Case).  An approximation: the two peaks are taken to fall at the same
+    moment of the step; the FLOPs are the policy's, the collectives FSDP2's."""
+
+    def __init__(self, sharded, plain, by_policy: dict):
+        super().__init__(sharded, by_policy)
+        self.plain = plain
+        self.source = ("; ".join([sharded.source] + [f"SAC policy {p}: {s.source}, its excess over plain "
+                                                     "checkpointing added to the sharded rank"
+                                                     for p, s in self.by_policy.items()]))
+
+    def peak(self, case) -> int:
+        from dataclasses import replace
+
+        if not (case.recompute.sac and case.checkpointed_layers):
+            return self.base.peak(case)
+        plain = replace(case, recompute=replace(case.recompute, sac=""))
+        return self.base.peak(plain) + self.by_policy[case.recompute.sac].peak(case) - self.plain.peak(plain)
+
+    def collectives(self, case) -> tuple[int, float]:
+        return self.base.collectives(case)

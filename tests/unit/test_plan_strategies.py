@@ -170,7 +170,6 @@ def test_the_plan_says_what_it_does_not_rank(capsys):
 @pytest.mark.parametrize("extra, reason", [
     (("--sac", "save-everything"), "unknown policy 'save-everything'"),
     (("--sac", SAC, "--verify"), "not with --verify"),
-    (("--sac", SAC, "--world", "2", "--sharding", "fsdp", "--precision", "bf16"), "drop --sharding fsdp"),
 ])
 def test_sac_plans_refuse_what_they_cannot_answer_in_one_line(capsys, extra, reason):
     code, _, err = _plan_cli(capsys, "--device", "cpu", "--memory", "1GiB", *extra)

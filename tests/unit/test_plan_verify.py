@@ -53,7 +53,7 @@ def test_a_cpu_plan_times_its_steps_from_baselines_measured_here(measured_here, 
     assert "measured here" in line and "transformed by the step-time model" in line and str(tmp_path) in line
     rows = {x.split()[0]: x.split() for x in out.splitlines() if x.split() and x.split()[0] in ("none", "full")}
     for name, checkpointed in (("none", 0), ("full", 4)):
-        batch, step, tokens = int(rows[name][1]), float(rows[name][4]), float(rows[name][5].replace(",", ""))
+        batch, step, tokens = int(rows[name][1]), float(rows[name][5]), float(rows[name][-1].replace(",", ""))
         expected = 0.010 + 0.008 * batch + 0.001 * batch * checkpointed
         assert step == pytest.approx(expected, abs=1e-3)
         assert tokens == pytest.approx(batch * 64 / expected, rel=1e-2)
@@ -78,12 +78,14 @@ def test_a_baselines_file_that_is_no_regular_file_is_ignored_without_blocking(tm
     assert baselines.MeasuredTimer(str(tmp_path)).kept == {}
 
 
-def test_a_card_plan_says_its_step_times_are_datasheet_rates(capsys):
-    rc = main(["plan", "--model", "llama-tiny", "--device", "h100", "--seq", "64", "--precision", "bf16",
-               "--attn", "sdpa"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    line = next(x for x in out.splitlines() if x.startswith("step time: "))
+def test_a_card_plan_says_its_step_times_are_expected_and_a_lower_bound_only_when_asked(capsys):
+    flags = ["plan", "--model", "llama-tiny", "--device", "h100", "--seq", "64", "--precision", "bf16", "--attn", "sdpa"]
+    assert main(flags) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step time: "))
+    assert line.startswith("step time: expected (x0.87-x1.10") and "carried to the NVIDIA H100 80GB HBM3" in line
+    assert "lower bound" not in line
+    assert main([*flags, "--lower-bound"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step time: "))
     assert "roofline: datasheet rates of the NVIDIA H100 80GB HBM3" in line and "lower bound" in line
 
 
