@@ -34,9 +34,11 @@ def run_fit(run: str):
         records = [json.loads(line) for line in fh if line.strip()]
     records = [r for r in records if r.get("status") == "ok" and r["case"]["device"] == "cuda"
                and r["case"].get("world_size", 1) == 1]
+    cases = [Case.from_dict(r["case"]) for r in records]
+    if len({(c.batch_size, c.seq_len) for c in cases}) < 2:
+        return None
     with open(os.path.join(ROOT, run, "calibration.json"), encoding="utf-8") as fh:
         cal = json.load(fh)
-    cases = [Case.from_dict(r["case"]) for r in records]
     seconds = [r["measurement"]["step_time_median_s"] for r in records]
     return achieved_from(cases, seconds, cal["device_name"], calibrated_link(cal), run)
 
@@ -76,7 +78,11 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="H200")
     p.add_argument("--out", default=os.path.join(ROOT, "ckptbench", "theory", "achieved_fit.py"))
     args = p.parse_args(argv)
-    fitted, rows = run_fit(args.from_run)
+    fitted = run_fit(args.from_run)
+    if fitted is None:
+        print(f"{args.from_run}: fewer than two shapes of ok single-rank CUDA steps: nothing fitted")
+        return 0
+    fitted, rows = fitted
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(module_text(args.name, fitted))
     print(table(rows))

@@ -33,7 +33,7 @@
 #
 # OUTDIR receives: gpu_check.log (everything printed here), run/ (records.jsonl, timelines.jsonl,
 # calibration.jsonl, suite.toml, calibration.json, simulated.jsonl, summary.json), report.html,
-# report.checks.csv, step_time_accuracy.txt, extras/ (the same files as run/ but calibration.json and
+# report.checks.csv, step_time_accuracy.txt, achieved_fit.py and .txt (the card's achieved fractions), extras/ (the same files as run/ but calibration.json and
 # simulated.jsonl, and its report.html, report.checks.csv), plan.txt, plan/ (the verify sweep's files,
 # optimum.json, optimum.toml, policy.py and the plan's baseline steps), pytest-gpu.log, logs.tar.gz
 # (every folder the sweeps kept in their results directories: per-point worker logs, ...), nothing
@@ -194,6 +194,16 @@ finish() {
             || echo "warning: the report could not be rendered; records are intact"
         timed "$(min 45 $(( $(left) - 5 )))" "$PY" -m ckptbench gpu-summary "$dir" || echo "warning: summary failed"
     done
+
+    # the fractions this card's kernels reached, for plan on cards not here (CPU work, if time is left;
+    # otherwise run it later on any machine from OUTDIR/run)
+    if [ -f "$RUN/records.jsonl" ] && [ $(( $(left) - 20 )) -ge 25 ]; then
+        step "achieved fractions: scripts/achieved_fit.py --from-run ${RUN#"$OUTDIR"/}"
+        timed $(( $(left) - 20 )) "$PY" scripts/achieved_fit.py --from-run "$RUN" --name FITTED \
+            --out "$OUTDIR/achieved_fit.py" >"$OUTDIR/achieved_fit.txt" 2>&1 \
+            || echo "warning: the fit did not finish; run scripts/achieved_fit.py --from-run on the records later"
+        tail -n 3 "$OUTDIR/achieved_fit.txt"
+    fi
 
     step "pack worker logs"
     # every folder inside a results directory (the workers' logs, the step-time model's op rates, ...)
