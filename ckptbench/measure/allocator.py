@@ -53,8 +53,12 @@ class AllocatorMeter:
         of the sum and its bytes are reported as ``allocator_unlisted_frees_bytes``."""
         from torch.profiler import ProfilerActivity, profile
 
-        self.held = held
+        from .quiet import Quiet
 
+        self.held = held
+        # the profiler's and the allocator's C++ lines go to descriptor 2, not to the user's terminal
+        self._quiet = Quiet()
+        self._quiet.start()
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
 
@@ -62,7 +66,10 @@ class AllocatorMeter:
         prof, self._prof = self._prof, None
         if prof is None:
             return
-        prof.__exit__(None, None, None)
+        try:
+            prof.__exit__(None, None, None)
+        finally:
+            self._quiet.stop()
         results = prof.profiler.kineto_results
         events = results.events()
         changes = self._changes(results)
