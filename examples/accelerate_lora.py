@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None):
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0,
                                              task_type="CAUSAL_LM"))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None):
                                   num_key_value_heads=2, intermediate_size=128, vocab_size=256,
                                   max_position_embeddings=1024, tie_word_embeddings=False, use_cache=False)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(device)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False},
-                                        every_n_layers=args.every_n_layers)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                          every_n_layers=args.every_n_layers)
     model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(rank)  # each rank its own data

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None):
         output_dir=tempfile.mkdtemp(prefix="trainer-example-"), max_steps=args.steps,
         per_device_train_batch_size=args.batch, learning_rate=1e-4, lr_scheduler_type="constant",
         optim="adamw_torch", bf16=bf16_supported(), use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=True,
-        gradient_checkpointing_kwargs={"use_reentrant": False, "every_n_layers": args.every_n_layers},
+        activation_checkpointing=True,
+        activation_checkpointing_kwargs={"use_reentrant": False, "every_n_layers": args.every_n_layers},
         eval_strategy="no", save_strategy="no", logging_steps=50, report_to="none", disable_tqdm=True,
         dataloader_pin_memory=False)
     trainer = Trainer(model=model, args=training_args,

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 
 def track(model, optimizer, out: str | None = "results/track", *, name: str = "", loop: str | None = None,
-          train=None, echo: bool = True):
+          train=None, echo: bool = True, accelerator=None):
     """A :class:`~ckptbench.track.loop.Tracker` on `model` and `optimizer` (an Accelerate-prepared one or a
     plain ``torch.optim`` one), writing its record under `out`; use it as a context manager and frame each
     optimizer step with ``t.step(batch)``.  `train` (a :class:`~ckptbench.spec.training.TrainSpec`) sets the
     warm-up steps and the timed steps' precision and caps; `name` the record's suite name (``track:<name>``,
-    default the script's name)."""
+    default the script's name); `accelerator`: an ``accelerate.Accelerator`` whose trackers
+    (``init_trackers``) receive the record's figures through ``accelerator.log`` (keys under ``ckptbench/``)."""
     from .loop import Tracker
 
-    return Tracker(model, optimizer, out, name=name, loop=loop, train=train, echo=echo)
+    return Tracker(model, optimizer, out, name=name, loop=loop, train=train, echo=echo, accelerator=accelerator)
 
 
 def TrainerTracker(out: str = "results/track", name: str = "", train=None, echo: bool = True):  # noqa: N802

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from .session import Session
+from .session import Session, contained, figures_of
 
 AUTOCAST_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -58,8 +58,9 @@ class Tracker:
     :attr:`record` once written (see the module's text)."""
 
     def __init__(self, model, optimizer, out: str | None, *, name: str = "", loop: str | None = None,
-                 train=None, echo: bool = True):
+                 train=None, echo: bool = True, accelerator=None):
         inner = getattr(optimizer, "optimizer", optimizer)
+        self.accelerator = accelerator  # its trackers (accelerator.log) receive the record's figures
         accelerated = type(optimizer).__module__.startswith("accelerate")
         self.loop = loop or ("accelerate" if accelerated else "manual")
         if train is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -96,7 +97,18 @@ class Tracker:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def abandon(self, exc: BaseException, where: str) -> None:
+        """Tracking ends on ckptbench's own failure: said once, every hook and patch removed."""
+        self.session.fail(exc, where)
+        try:
+            self._unpatch()
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+
     # ---------------------------------------------------------------- the user's calls
+    @contained(default=lambda self: _Step(self))
     def step(self, batch) -> _Step:
         """Open an optimizer step on `batch` (a token tensor, or a mapping / sequence holding one)."""
         if self.open:
@@ -112,6 +124,7 @@ class Tracker:
             self.session.start_memory(batch_tensors(batch))
         return _Step(self)
 
+    @contained()
     def end_step(self) -> None:
         if not self.open:
             return
@@ -127,6 +140,7 @@ class Tracker:
         if session.done:
             self.close()
 
+    @contained()
     def close(self) -> dict | None:
         """End tracking: the open step ended, the record written (``skipped`` if the run was too short),
         every hook removed."""
@@ -137,9 +151,15 @@ class Tracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        accelerator, self.accelerator = self.accelerator, None  # reported once
+        if record is not None and accelerator is not None and getattr(accelerator, "trackers", None):
+            figures = figures_of(record)
+            if figures:
+                accelerator.log(figures, step=self.session.k)
         return record
 
     # ---------------------------------------------------------------- hooks
+    @contained()
     def _forward_pre(self, module, args):
         if not self.open or self.session.done:
             return
@@ -151,6 +171,7 @@ class Tracker:
         if self.session.memory_step():
             self.session.marks.forward_begin()
 
+    @contained()
     def _forward_post(self, module, args, output):
         if not self.open or self.session.done:
             return
@@ -163,6 +184,7 @@ class Tracker:
             return
         self._pending = True  # the forward is over: marked when the backward is asked for
 
+    @contained()
     def _backward_called(self) -> None:
         """The forward is over, its outputs dropped: a backward was asked for (before the loss is scaled)."""
         if self._pending and self.session.memory_step() and self.session.marks.active:
@@ -197,10 +219,12 @@ class Tracker:
         while self._restore:
             self._restore.pop()()
 
+    @contained()
     def _optimizer_pre(self, optimizer, args, kwargs):
         if self.open and self.session.memory_step() and self.session.marks.active:
             self.session.marks.optimizer_begin()
 
+    @contained()
     def _optimizer_post(self, optimizer, args, kwargs):
         if self.open and self.session.memory_step():
             self.session.marks.stop()

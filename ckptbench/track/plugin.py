@@ -14,9 +14,11 @@ The step runs as a tracked run (warm-up, the memory step, timed steps: :mod:`ckp
 record is written under the test's own directory.  The test fails when the record is not ``ok``, when the
 peak is over `budget`, or when ``compare``'s judgement against the record of the same Case in `baseline`
 (a results directory) is a regression: peak or after-forward memory grown beyond `memory_tolerance`, the
-step time beyond `time_tolerance` *and* significant by compare's one-sided Welch test.  With
-``--ckptbench-update-baseline`` (or no baseline record yet for the Case) the record is written into
-`baseline` instead, and the test passes.
+step time beyond `time_tolerance` *and* significant by compare's one-sided Welch test.  A Case the
+baseline has no record of fails (closed: a changed batch, sequence or config is another Case, never a silent
+pass), naming the Case and how to record it; with ``--ckptbench-update-baseline`` the record is written into
+`baseline` instead and the test passes, and with ``allow_new=True`` (or ``--ckptbench-allow-new``) a Case
+the baseline lacks is recorded there and passes while every Case it has is judged.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ def parse_bytes(value) -> int:
 class StepGate:
     """The fixture's value: call it with the run's objects and its step (see the module's text)."""
 
-    def __init__(self, out: str, update: bool, name: str):
-        self.out, self.update, self.name = out, update, name
+    def __init__(self, out: str, update: bool, name: str, allow_new: bool = False):
+        self.out, self.update, self.name, self.allow_new = out, update, name, allow_new
         self.record: dict | None = None
         self.comparison = None
 
     def __call__(self, model, optimizer, batch, step, *, budget=None, baseline: str | None = None,
                  memory_tolerance: float = 0.02, time_tolerance: float = 0.10,
-                 train: TrainSpec | None = None, max_steps: int = 100) -> dict:
+                 train: TrainSpec | None = None, max_steps: int = 100, allow_new: bool = False) -> dict:
         from . import track
 
         with track(model, optimizer, out=self.out, name=self.name, train=train or FIXTURE_TRAIN,
@@ -71,15 +73,21 @@ class StepGate:
             pytest.fail(f"ckptbench: peak {peak:,} bytes ({record['measurement'].get('peak_phase')}) is over the "
                         f"budget of {parse_bytes(budget):,} bytes")
         if baseline is not None:
-            self._judge(record, baseline, memory_tolerance, time_tolerance)
+            self._judge(record, baseline, memory_tolerance, time_tolerance, allow_new or self.allow_new)
         return record
 
-    def _judge(self, record: dict, baseline: str, memory_tolerance: float, time_tolerance: float) -> None:
+    def _judge(self, record: dict, baseline: str, memory_tolerance: float, time_tolerance: float,
+               allow_new: bool = False) -> None:
         from ..store.compare import compare_runs
         from ..store.comparison import Thresholds
         from ..store.records import RecordStore, load_records
 
         old = [r for r in load_records(baseline).records if r.get("case_id") == record["case_id"]]
+        if not old and not (self.update or allow_new):
+            pytest.fail(f"ckptbench: {baseline} has no record of this Case ({record['strategy']} · batch "
+                        f"{record['case']['batch_size']} · seq {record['case']['seq_len']}, case {record['case_id']}): "
+                        "record it with `pytest --ckptbench-update-baseline` and commit the directory, or pass "
+                        "allow_new=True", pytrace=False)
         if self.update or not old:
             store = RecordStore(baseline)
             store.ensure()
@@ -95,6 +103,9 @@ class StepGate:
 def pytest_addoption(parser) -> None:
     parser.addoption("--ckptbench-update-baseline", action="store_true", default=False,
                      help="ckptbench_step: write each measured step into its baseline instead of judging it")
+    parser.addoption("--ckptbench-allow-new", action="store_true", default=False,
+                     help="ckptbench_step: a Case its baseline has no record of is recorded there and passes "
+                          "(default: it fails)")
 
 
 @pytest.fixture
@@ -102,4 +113,5 @@ def ckptbench_step(request, tmp_path) -> StepGate:
     """Measure a training step inside a test and fail it past a budget or a baseline (:class:`StepGate`)."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.nodeid)[-80:]
     update = bool(request.config.getoption("--ckptbench-update-baseline", default=False))
-    return StepGate(os.path.join(str(tmp_path), "ckptbench"), update, name)
+    allow_new = bool(request.config.getoption("--ckptbench-allow-new", default=False))
+    return StepGate(os.path.join(str(tmp_path), "ckptbench"), update, name, allow_new)

@@ -12,6 +12,8 @@ and its checks (:func:`~ckptbench.theory.annotate.annotate_record`), validated a
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sys
 import time
@@ -36,6 +38,66 @@ from .inspect import Seen, seen_run, unwrapped
 from .mistakes import mistakes
 
 SUITE_PREFIX = "track"
+log = logging.getLogger("ckptbench")
+
+
+class _Stderr(logging.Handler):
+    """The ``ckptbench`` logger's own lines on the stderr of the moment (a test's capture included), as
+    written: ckptbench's one-line notes are the only lines a tracked run adds to the terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 (a closed stderr is not the run's end)
+            pass
+
+
+def notes_on_stderr() -> None:
+    """Give the ``ckptbench`` logger a stderr handler at INFO unless the user configured it (or one was
+    given already); ``logging.getLogger("ckptbench").setLevel(logging.WARNING)`` keeps only the warnings."""
+    if not log.handlers:
+        log.addHandler(_Stderr())
+        log.propagate = False
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+
+class TrackSetupError(ValueError):
+    """What the tracker can check before the run starts and found wrong: raised when it is made, never later."""
+
+
+def writable_out(out: str) -> None:
+    """`out` (this rank's directory of it) exists or can be made, and a file can be written there; else
+    :class:`TrackSetupError`, one line naming the directory and why."""
+    where = rank_dir(out)
+    try:
+        os.makedirs(where, exist_ok=True)
+        probe = os.path.join(where, f".ckptbench-write-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        raise TrackSetupError(f"ckptbench.track: out={out!r}: cannot write in {where}: "
+                              f"{exc.strerror or exc}") from None
+
+
+def contained(default=None):
+    """A tracker hook that never raises into the user's run: anything it raises ends the tracking
+    (:meth:`Session.fail`: one warning line, hooks removed, a ``failed`` record if one can be written) and
+    the hook returns `default` (called with the tracker when callable).  KeyboardInterrupt and SystemExit
+    pass: they are the run's, not ckptbench's."""
+    def wrap(method):
+        @functools.wraps(method)
+        def hook(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 (the user's run goes on, whatever ckptbench hit)
+                self.abandon(exc, method.__name__)
+                return default(self) if callable(default) else default
+        return hook
+    return wrap
+
+
 class _Loop:
     """What the worker's measurement reads of the loop that ran: the optimizer, the checkpointing call."""
 
@@ -72,14 +134,19 @@ class Session:
         self.model = None
         self.optimizer = None
         self.record: dict | None = None
+        self.failed: str = ""  # why tracking stopped before its record (the run itself goes on)
         self.k = 0  # optimizer steps seen
         self.t0 = time.time()
+        if out is not None:
+            writable_out(out)
+        if echo:
+            notes_on_stderr()
 
     # ------------------------------------------------------------------ the steps
     @property
     def done(self) -> bool:
         """The schedule has all it needs: nothing is measured any more."""
-        return self.record is not None or (self.schedule is not None and self.schedule.done)
+        return bool(self.failed) or self.record is not None or (self.schedule is not None and self.schedule.done)
 
     @property
     def marks(self):
@@ -123,11 +190,46 @@ class Session:
             self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
                                  grad_accum=grad_accum, train=self.train)
 
+    # ------------------------------------------------------------------ when ckptbench fails
+    def fail(self, exc: BaseException, where: str) -> None:
+        """Stop tracking for good (the run itself goes on untouched): the probes stopped, one warning line
+        through the ``ckptbench`` logger, and a ``failed`` record when the run's Case is known and the
+        directory still takes it."""
+        if self.failed or self.record is not None:
+            return
+        self.failed = f"{type(exc).__name__} in {where}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        try:
+            if self.schedule is not None and self.schedule.marks.active:
+                self.schedule.marks.stop()
+        except Exception:  # noqa: BLE001 (a probe that cannot stop is dropped with the rest)
+            pass
+        log.warning("ckptbench.track: stopped measuring (%s); the training goes on untouched", self.failed)
+        try:
+            self._write_failed()
+        except Exception as again:  # noqa: BLE001
+            log.warning("ckptbench.track: no record written (%s: %s)", type(again).__name__, again)
+
+    def _write_failed(self) -> None:
+        if self.seen is None or self.out is None:
+            return
+        case = self.seen.case
+        result = {"status": "failed", "reason": f"ckptbench.track stopped measuring: {self.failed}",
+                  "device_env": device_environment(case.device), "wall_s": time.time() - self.t0}
+        suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
+        record = make_record(suite, case, result, host_part(), annotate)
+        record.pop("harness_ratio", None)
+        record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k, "mistakes": []}
+        if record_problem(record) is None:
+            store = RecordStore(rank_dir(self.out))
+            store.ensure()
+            store.append(record)
+            self.record = record
+
     # ------------------------------------------------------------------ the record
     def finish(self) -> dict | None:
         """Write the record (once): ``ok`` with its checks when the memory step and timed steps ran, else
         ``skipped`` saying how far the run got."""
-        if self.record is not None or self.seen is None or self.out is None:
+        if self.record is not None or self.failed or self.seen is None or self.out is None:
             return self.record
         case = self.seen.case
         schedule = self.schedule
@@ -160,7 +262,8 @@ class Session:
         store.append(record)
         self.record = record
         if self.echo:
-            print(summary_line(record, store.path), file=sys.stderr)
+            for line in summary_line(record, store.path).splitlines():
+                log.info("%s", line)
         return record
 
     def offload_facts(self, case: Case) -> dict:
@@ -198,6 +301,21 @@ def _placeholder():
     from ..spec.case import preset
 
     return preset("llama-tiny")
+
+
+def figures_of(record: dict) -> dict[str, float]:
+    """What a tracked run hands to the user's own loggers (Trainer's ``report_to``, ``accelerator.log``):
+    keys under ``ckptbench/``; nothing for a record that measured nothing."""
+    m = record.get("measurement") or {}
+    if record.get("status") != "ok" or not m.get("peak_bytes"):
+        return {}
+    out = {"ckptbench/peak_gib": m["peak_bytes"] / 2**30, "ckptbench/step_s": m["step_time_median_s"],
+           "ckptbench/tokens_per_s": m["tokens_per_s"],
+           "ckptbench/checkpointed_layers": float(len(m.get("checkpointed_layers") or []))}
+    estimated = (record.get("estimate") or {}).get("peak_bytes")
+    if estimated:
+        out["ckptbench/peak_estimate_error"] = m["peak_bytes"] / estimated - 1
+    return {k: float(v) for k, v in out.items() if v is not None}
 
 
 def summary_line(record: dict, path: str) -> str:

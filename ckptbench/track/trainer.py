@@ -15,7 +15,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..spec.training import TrainSpec
 from ..train.trainer_probes import instrument, probes_callback
-from .session import Session
+from .session import Session, contained, figures_of
 
 
 def calling_trainer() -> Trainer | None:
@@ -39,22 +39,43 @@ class TrainerTracker(TrainerCallback):
         self.losses: list = []
         self.fetched: list = []
         self.args = None
+        self._restore = None  # puts the Trainer's own methods back
+        self.trainer = None
+        self.reported = False
+
+    def abandon(self, exc: BaseException, where: str) -> None:
+        """Tracking ends on ckptbench's own failure: said once, the Trainer's methods its own again."""
+        self.session.fail(exc, where)
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
+
+    def _guard(self, probe, *args) -> None:
+        """A probe inside the Trainer's wrapped methods, contained as the callbacks are."""
+        if self.session.done:
+            return
+        try:
+            probe(*args)
+        except Exception as exc:  # noqa: BLE001 (the user's run goes on, whatever ckptbench hit)
+            self.abandon(exc, getattr(probe, "__name__", "a probe"))
 
     @property
     def record(self) -> dict | None:
         return self.session.record
 
+    @contained()
     def on_train_begin(self, args, state, control, **kw):
         trainer = calling_trainer()
         if trainer is None or self.probes is not None:
             return
-        self.args = args
+        self.args, self.trainer = args, trainer
         self.session.model, self.session.optimizer = kw["model"], kw["optimizer"]
         self.session.scheduled(kw["model"], kw["optimizer"])
         self.probes = probes_callback(self.session.schedule, args.gradient_accumulation_steps, self.losses,
                                       self.fetched, stop_when_done=False, holder=self.session)
-        instrument(trainer, self.session.schedule, self.losses, self.fetched)
+        self._restore = instrument(trainer, self.session.schedule, self.losses, self.fetched, guard=self._guard)
 
+    @contained()
     def on_step_begin(self, args, state, control, **kw):
         if self.probes is None or self.session.done:
             return
@@ -63,14 +84,17 @@ class TrainerTracker(TrainerCallback):
             self.session.see(self.fetched[0], autocast=autocast, grad_accum=args.gradient_accumulation_steps)
         self.probes.on_step_begin(args, state, control, **kw)
 
+    @contained()
     def on_pre_optimizer_step(self, args, state, control, **kw):
         if self.probes is not None and not self.session.done:
             self.probes.on_pre_optimizer_step(args, state, control, **kw)
 
+    @contained()
     def on_optimizer_step(self, args, state, control, **kw):
         if self.probes is not None and not self.session.done:
             self.probes.on_optimizer_step(args, state, control, **kw)
 
+    @contained()
     def on_step_end(self, args, state, control, **kw):
         if self.probes is None or self.session.done:
             return
@@ -78,8 +102,24 @@ class TrainerTracker(TrainerCallback):
         self.session.k = state.global_step
         if self.session.schedule.done:
             self.session.finish()
+            self.report()
 
+    @contained()
     def on_train_end(self, args, state, control, **kw):
         if self.probes is not None:
             self.session.schedule.marks.stop()
             self.session.finish()
+            self.report()
+
+    def report(self) -> None:
+        """The record's figures through ``Trainer.log``: every ``report_to`` integration (TensorBoard, W&B,
+        MLflow, trackio) receives them as it receives the loss; the Trainer's own methods put back."""
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
+        if self.reported or self.trainer is None or self.record is None:
+            return
+        self.reported = True
+        figures = figures_of(self.record)
+        if figures:
+            self.trainer.log(figures)

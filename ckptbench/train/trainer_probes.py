@@ -54,40 +54,54 @@ def probes_callback(schedule, grad_accum: int, losses: list, fetched: list, on_t
     return Probes()
 
 
-def instrument(trainer, schedule, losses: list, fetched: list) -> None:
+def _run(probe, *args) -> None:
+    probe(*args)
+
+
+def instrument(trainer, schedule, losses: list, fetched: list, guard=_run):
     """Wrap `trainer`'s ``compute_loss``, ``get_batch_samples`` and ``accelerator.clip_grad_norm_`` so the
-    memory step's marks are called at the forward's edges and the backward's end (see the module's text)."""
+    memory step's marks are called at the forward's edges and the backward's end (see the module's text).
+    Each probe runs through `guard` (a tracked run's contains what it raises; the sweep's raises); the
+    Trainer's own methods always run, unchanged.  Returns what puts the originals back."""
     original_fetch, original_clip = trainer.get_batch_samples, trainer.accelerator.clip_grad_norm_
     original_loss = trainer.compute_loss
 
     def compute_loss(*args, **kwargs):  # the forward, as the manual loop's: loss out, outputs dropped
         marks = schedule.marks
         if marks.active:
-            marks.forward_begin()
+            guard(marks.forward_begin)
         loss = original_loss(*args, **kwargs)
         if not schedule.done:
-            losses.append(loss.detach())  # a view: the meter allocates nothing in the step
+            guard(losses.append, loss.detach())  # a view: the meter allocates nothing in the step
         if marks.active:
-            marks.forward_end()
+            guard(marks.forward_end)
         return loss
 
-    def get_batch_samples(*args, **kwargs):
-        samples, items = original_fetch(*args, **kwargs)
-        if schedule.done:
-            return samples, items
+    def keep_fetched(samples, items) -> None:
         fetched[:] = [t for s in samples for t in s.values() if isinstance(t, torch.Tensor)]
         if isinstance(items, torch.Tensor):  # the token count the loss is divided by, also made here
             fetched.append(items)
         running = getattr(trainer, "_tr_loss", None)  # the running loss, made before the first step
         if isinstance(running, torch.Tensor):
             fetched.append(running)
+
+    def get_batch_samples(*args, **kwargs):
+        samples, items = original_fetch(*args, **kwargs)
+        if not schedule.done:
+            guard(keep_fetched, samples, items)
         return samples, items
 
     def clip_grad_norm_(*args, **kwargs):  # the backward is over once the gradients are clipped
         if schedule.marks.active:
-            schedule.marks.grad_clip_begin()
+            guard(schedule.marks.grad_clip_begin)
         return original_clip(*args, **kwargs)
 
     trainer.get_batch_samples = get_batch_samples
     trainer.compute_loss = compute_loss
     trainer.accelerator.clip_grad_norm_ = clip_grad_norm_
+
+    def restore() -> None:
+        trainer.get_batch_samples, trainer.compute_loss = original_fetch, original_loss
+        trainer.accelerator.clip_grad_norm_ = original_clip
+
+    return restore

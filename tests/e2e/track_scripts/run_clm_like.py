@@ -52,7 +52,7 @@ def byte_dataset(block_size: int) -> list[dict]:
 
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
-    argv = sys.argv[1:] + ["--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}',
+    argv = sys.argv[1:] + ["--activation_checkpointing", "--activation_checkpointing_kwargs", '{"use_reentrant": false}',
                            "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
                            "--use_cpu", str(not torch.cuda.is_available()), "--disable_tqdm", "True"]
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(argv)
