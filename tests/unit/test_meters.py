@@ -99,7 +99,9 @@ def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_n
         return meter.growth - out.untyped_storage().nbytes()
 
     assert scratch(torch.float32) == 0
-    assert 0 < scratch(torch.bfloat16) <= BF16_SCRATCH_PER_ELEMENT * (m * k + k * n + m * n) + BF16_SCRATCH_FIXED
+    # whether a bf16 matmul allocates scratch at all depends on the CPU's kernel (an AVX2-only AMD EPYC
+    # allocates none, a CPU whose kernel converts to fp32 some): where it does, the allowance covers it
+    assert 0 <= scratch(torch.bfloat16) <= BF16_SCRATCH_PER_ELEMENT * (m * k + k * n + m * n) + BF16_SCRATCH_FIXED
 
 
 def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
