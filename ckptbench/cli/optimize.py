@@ -169,7 +169,9 @@ def to_dict(case, result, ranked, a, predict, took: float, ranked_s: float) -> d
     best = result.best
     out = {"model": case.model.label, "seq_len": case.seq_len, "memory_bytes": a.memory_bytes, "device": a.device,
            "memory_source": predict.source, "step_time_source": a.step_time_source, "proof": result.proof,
-           "optimality_gap": 0.0, "optimizing_s": round(took, 2), "ranking_s": round(ranked_s, 2),
+           "optimality_gap": result.optimality_gap, "gap_bound": result.gap_bound,
+           "bound_tokens_per_s": result.bound_tokens_per_s, "undetermined_sets": result.undetermined,
+           "optimizing_s": round(took, 2), "ranking_s": round(ranked_s, 2),
            "optimum": None if best is None else {**dataclasses.asdict(best), "policy": _name(best)},
            "per_batch": [{**dataclasses.asdict(s), "policy": _name(s)} for s in result.per_batch],
            "refused": [{"policy": _name(s), "batch": s.batch, "tokens_per_s": s.tokens_per_s, "why": why}

@@ -86,6 +86,24 @@ class Result:
     undetermined: int = 0  # canonical sets the predictor could not answer
     refused: list[tuple[Solution, str]] = field(default_factory=list)  # faster policies a host budget refused
     proof: str = ""
+    # the relaxation: tokens/s at the fastest batch some set fits if no layer's recompute cost anything
+    # (memory ignored within it); no policy can beat it
+    bound_tokens_per_s: float | None = None
+
+    @property
+    def optimality_gap(self) -> float | None:
+        """0 when every canonical set was answered (the program reached every set: exact), None (unknown)
+        when some were not: the optimum among the sets left out is bounded by :attr:`gap_bound` only."""
+        if self.best is None:
+            return None
+        return 0.0 if self.undetermined == 0 else None
+
+    @property
+    def gap_bound(self) -> float | None:
+        """How far below the relaxation bound the optimum is (≥ 0): an upper bound on any gap."""
+        if self.best is None or not self.bound_tokens_per_s:
+            return None
+        return self.bound_tokens_per_s / self.best.tokens_per_s - 1
 
 
 def mode_recompute(mode: str, layers: tuple[int, ...]) -> tuple[bool, Recompute]:
@@ -283,6 +301,8 @@ def optimize(template: Case, a, predict, timer, modes: tuple[str, ...] = ("",), 
             base = seconds(batch, (), mode)
             if base is None:
                 continue
+            relaxed = a.world * batch * template.seq_len / base
+            result.bound_tokens_per_s = max(result.bound_tokens_per_s or 0.0, relaxed)
             costs = [seconds(batch, (i,), mode) - base for i in range(L)]
             per_layer = predict.offloaded(policy_case(template, batch, (0,), mode)) if mode == "offload" else 0
 
@@ -310,10 +330,15 @@ def optimize(template: Case, a, predict, timer, modes: tuple[str, ...] = ("",), 
         result.best = max(result.per_batch, key=lambda s: (s.tokens_per_s, -s.peak_bytes))
     if best_refused and (result.best is None or best_refused[0].tokens_per_s > result.best.tokens_per_s):
         result.refused.append(best_refused)
+    if result.undetermined:
+        bound = (f": at most {result.gap_bound:+.1%}, the relaxation bound" if result.gap_bound is not None
+                 else "")
+        gap = f"optimality gap unknown ({result.undetermined} canonical sets unanswered){bound}"
+    else:
+        gap = "optimality gap 0: every set reached"
     result.proof = (f"exact: dynamic program over {L} layers × checkpointed-so-far counts, bottom and top layer "
                     f"fixed in turn ({result.states} states, {result.evaluations} canonical sets read from the "
-                    f"predictor{f', {result.undetermined} it could not answer' if result.undetermined else ''}), "
-                    f"every batch up to the first where nothing fits: optimality gap 0")
+                    f"predictor), every batch up to the first where nothing fits; {gap}")
     return result
 
 

@@ -28,6 +28,10 @@ def test_the_optimum_is_at_least_every_strategy_it_could_have_chosen(capsys, tmp
     out = json.loads(capsys.readouterr().out)
     best = out["optimum"]
     assert out["optimality_gap"] == 0.0 and best["checked"]["peak_agrees"] and best["checked"]["step_additive"]
+    assert out["undetermined_sets"] == 0 and "optimality gap 0: every set reached" in out["proof"]
+    # the relaxation (no recompute costs anything) bounds every policy: the optimum is at or below it
+    assert out["bound_tokens_per_s"] >= best["tokens_per_s"] and out["gap_bound"] == pytest.approx(
+        out["bound_tokens_per_s"] / best["tokens_per_s"] - 1)
     assert best["peak_bytes"] * 1.1 + 600 * 2**20 <= 1.2 * 2**30
     ranked = out["best_ranked"]
     assert best["tokens_per_s"] >= ranked["tokens_per_s"] * (1 - 1e-12) or ranked["offload_kind"] == "streamed"
@@ -63,3 +67,13 @@ def test_verify_measures_the_best_every_n_strategy_only_when_it_is_not_the_ranke
     assert verdict((100.0, 95.0, 105.0), (98.0, 93.0, 96.0)) == "tied within the intervals with"
     assert verdict((110.0, 107.0, 112.0), (100.0, 95.0, 106.0)) == "faster than"
     assert verdict((90.0, 85.0, 94.0), (100.0, 95.0, 106.0)) == "slower than"
+
+
+def test_a_gap_is_unknown_when_sets_went_unanswered_and_bounded_by_the_relaxation():
+    from ckptbench.theory.optimize import Result, Solution
+
+    best = Solution(batch=2, mode="", layers=(0,), step_s=1.0, tokens_per_s=800.0, peak_bytes=1)
+    result = Result(best, [best], undetermined=3, bound_tokens_per_s=1000.0)
+    assert result.optimality_gap is None and result.gap_bound == pytest.approx(0.25)
+    assert Result(best, [best], undetermined=0, bound_tokens_per_s=1000.0).optimality_gap == 0.0
+    assert Result(None, []).optimality_gap is None and Result(None, []).gap_bound is None
