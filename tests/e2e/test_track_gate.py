@@ -54,7 +54,11 @@ def test_a_peak_over_budget_fails_and_one_within_passes(tmp_path):
 
 def test_memory_grown_past_the_baseline_fails(tmp_path):
     baseline = str(tmp_path / "baseline")
-    first = run(StepGate(str(tmp_path / "1"), False, "t"), baseline=baseline)  # no baseline yet: written
+    # no record of the Case yet: the gate fails closed, naming the Case and how to record it
+    with pytest.raises(pytest.fail.Exception, match="has no record of this Case .* --ckptbench-update-baseline"):
+        run(StepGate(str(tmp_path / "0"), False, "t"), baseline=baseline)
+    assert load_records(baseline).records == []
+    first = run(StepGate(str(tmp_path / "1"), True, "t"), baseline=baseline)  # --ckptbench-update-baseline
     assert load_records(baseline).records[0]["case_id"] == first["case_id"]
     # the same step again: equal memory; time is not judged here (a test never asserts on the wall clock)
     gate = StepGate(str(tmp_path / "2"), False, "t")
@@ -62,6 +66,12 @@ def test_memory_grown_past_the_baseline_fails(tmp_path):
     assert not gate.comparison.failed
     with pytest.raises(pytest.fail.Exception, match="regressed against"):
         run(StepGate(str(tmp_path / "3"), False, "t"), leak=[], baseline=baseline, time_tolerance=1e9)
+
+
+def test_a_new_case_is_recorded_and_passes_only_when_allowed(tmp_path):
+    baseline = str(tmp_path / "baseline")
+    record = run(StepGate(str(tmp_path / "1"), False, "t"), baseline=baseline, allow_new=True)
+    assert [r["case_id"] for r in load_records(baseline).records] == [record["case_id"]]
 
 
 def test_the_fixture_is_a_pytest_plugin(tmp_path):
