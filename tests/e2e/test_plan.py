@@ -78,7 +78,8 @@ def test_plan_for_an_8b_model_on_a_card_recommends_and_states_its_assumptions():
     lines = proc.stdout.splitlines()
     recommended = next(line for line in lines if line.startswith("recommended: "))
     assert "tokens/s predicted" in recommended and "runner-up" in recommended
-    assert any(line.startswith("step time: ") and "datasheet rates of the NVIDIA H200" in line for line in lines)
+    assert any(line.startswith("step time: expected (x") and "NVIDIA H200's; fitted on 42 points" in line
+               for line in lines)
     assert any(line.startswith("assumed: ") and "datasheet NVIDIA H200 bf16" in line for line in lines)
 
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(ROOT, "scripts", "published_runs.py")
 # a setup of this test's own, with a figure chosen for the test: not a published run
@@ -26,6 +28,7 @@ fitted = FITTED
 """
 
 
+@pytest.mark.slow
 def test_each_row_is_the_figure_over_plans_prediction_and_in_sample_rows_are_not_judged(tmp_path):
     runs = tmp_path / "runs.toml"
     runs.write_text(RUN.replace("CKPT", "every-2").replace("FITTED", "false")
