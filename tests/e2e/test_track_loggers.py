@@ -35,7 +35,7 @@ def _rows():
 
 def _trainer(out: pathlib.Path, callback=None, report_to="none"):
     model = _model()
-    args = TrainingArguments(output_dir=str(out / "trainer"), logging_dir=str(out / "tb"), max_steps=STEPS,
+    args = TrainingArguments(output_dir=str(out / "trainer"), max_steps=STEPS,
                              per_device_train_batch_size=1, learning_rate=1e-3, lr_scheduler_type="constant",
                              report_to=report_to, disable_tqdm=True, save_strategy="no", use_cpu=True,
                              dataloader_pin_memory=False, seed=0, data_seed=0, logging_steps=1)
@@ -58,7 +58,7 @@ def test_trainer_hands_the_figures_to_tensorboard_and_trains_as_untracked(tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), tracked.model.parameters()))
     record = callback.record
     assert record["status"] == "ok"
-    runs = [p.parent for p in (tmp_path / "tracked" / "tb").rglob("events.out.tfevents.*")]
+    runs = [p.parent for p in (tmp_path / "tracked" / "trainer").rglob("events.out.tfevents.*")]  # output_dir/runs
     assert runs
     acc = EventAccumulator(str(runs[0]))
     acc.Reload()
@@ -71,43 +71,17 @@ def test_trainer_hands_the_figures_to_tensorboard_and_trains_as_untracked(tmp_pa
     assert acc.Scalars(layers)[0].value == len(m["checkpointed_layers"]) == 2
 
 
-class _Collector:
-    """An accelerate ``GeneralTracker`` that keeps what ``accelerator.log`` hands it (a real tracker class
-    of accelerate's, in memory: no service)."""
-
-    def __new__(cls, *args, **kwargs):
-        from accelerate.tracking import GeneralTracker
-
-        class Collector(GeneralTracker):
-            name = "collector"
-            requires_logging_directory = False
-
-            def __init__(self):
-                super().__init__()
-                self.logged = []
-
-            @property
-            def tracker(self):
-                return self
-
-            def store_init_configuration(self, values):
-                pass
-
-            def log(self, values, step=None, **kwargs):
-                self.logged.append((step, dict(values)))
-
-        return Collector()
-
-
-def test_accelerator_log_receives_the_figures_and_the_loop_trains_as_untracked(tmp_path):
+def test_accelerator_log_hands_the_figures_to_tensorboard_and_the_loop_trains_as_untracked(tmp_path):
+    pytest.importorskip("tensorboard")
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     def run(tracked: bool):
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-        collector = _Collector()
-        accelerator = Accelerator(cpu=True, log_with=[collector])
+        project = tmp_path / ("tracked" if tracked else "plain")
+        accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(project))
         accelerator.init_trackers("run")
         model = _model()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -130,13 +104,18 @@ def test_accelerator_log_receives_the_figures_and_the_loop_trains_as_untracked(t
         else:
             for row in _rows():
                 one(row)
-        return losses, [p.detach().clone() for p in model.parameters()], collector, t if tracked else None
+        accelerator.end_training()
+        return losses, [p.detach().clone() for p in model.parameters()], project, t if tracked else None
 
     plain = run(False)
-    losses, params, collector, t = run(True)
+    losses, params, project, t = run(True)
     assert losses == plain[0] and all(torch.equal(a, b) for a, b in zip(params, plain[1]))
     assert t.record["status"] == "ok"
-    assert len(collector.logged) == 1
-    step, values = collector.logged[0]
-    assert set(values) == KEYS and step == t.session.k
-    assert values["ckptbench/peak_gib"] == t.record["measurement"]["peak_bytes"] / 2**30
+    runs = sorted({p.parent for p in project.rglob("events.out.tfevents.*")})
+    assert runs
+    acc = EventAccumulator(str(runs[0]))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == KEYS
+    (event,) = acc.Scalars("ckptbench/peak_gib")
+    assert event.step == t.session.k and event.value == pytest.approx(t.record["measurement"]["peak_bytes"] / 2**30,
+                                                                      rel=1e-6)
