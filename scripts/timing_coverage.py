@@ -13,10 +13,23 @@ import argparse
 import os
 import sys
 
-from ckptbench.store.coverage import markdown, table
+from ckptbench.measure.stopping import CUDA_CHECK_EVERY, StopRule
+from ckptbench.store.coverage import markdown, sequential_markdown, sequential_table, table
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "timing.md")
 BEGIN, END = "<!-- coverage table: scripts/timing_coverage.py -->", "<!-- end of coverage table -->"
+RULE_BEGIN, RULE_END = "<!-- stopping-rule table: scripts/timing_coverage.py -->", "<!-- end of stopping-rule table -->"
+# the rules of the suites the docs name: suites/cpu.toml (3 steps at least, +-2 %, 30 at most) and the
+# defaults on CUDA (read every 4 steps), and a looser +-5 %
+RULES = {"CPU, ±2 %, 3-30 steps": StopRule(3, 0.02, 30, 1e9, 1),
+         "CPU, ±5 %, 3-30 steps": StopRule(3, 0.05, 30, 1e9, 1),
+         "CUDA, ±2 %, 3-50 steps, every 4": StopRule(3, 0.02, 50, 1e9, CUDA_CHECK_EVERY)}
+
+
+def replace_between(doc: str, begin: str, end: str, text: str) -> str:
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text}\n{end}{tail}"
 
 
 def main() -> int:
@@ -26,14 +39,16 @@ def main() -> int:
     args = p.parse_args()
     reps, boot = (2000, 500) if args.quick else (20000, 4000)
     text = markdown(table(sizes=(3, 4, 5, 6, 10, 20), reps=reps, bootstrap_reps=boot), reps, boot)
-    print(text)
+    seq_reps = 500 if args.quick else 4000
+    rules = sequential_markdown(sequential_table(RULES, seq_reps), seq_reps)
+    print(text + "\n\n" + rules)
     if args.write:
         with open(DOC, encoding="utf-8") as fh:
             doc = fh.read()
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+        doc = replace_between(doc, BEGIN, END, text)
+        doc = replace_between(doc, RULE_BEGIN, RULE_END, rules)
         with open(DOC, "w", encoding="utf-8") as fh:
-            fh.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+            fh.write(doc)
     return 0
 
 

@@ -125,3 +125,54 @@ def markdown(rows: list[dict], reps: int, bootstrap_reps: int) -> str:
                  f"±{200 * math.sqrt(0.05 * 0.95 / bootstrap_reps):.1f} percentage points (two standard errors "
                  "at 95 %).")
     return "\n".join(lines)
+
+
+def sequential(noise: str, rule, reps: int, seed: int = 0) -> dict:
+    """The stopping rule (:class:`~ckptbench.measure.stopping.StopRule`, its time cap left out) run on
+    `reps` seeded sequences of step times: how often the interval a point ends with holds the true median,
+    over every point and over the points the precision stopped (the rule looks after every step it is due,
+    and a look that happens to be narrow stops it: those intervals cover less than their fixed-n level)."""
+    from ..measure.interval import median_interval
+
+    rng = np.random.default_rng([seed, rule.max_steps, NOISES.index(noise)])
+    samples = draw(noise, (reps, rule.max_steps), rng)
+    truth = TRUE_MEDIAN[noise]
+    covered = by_precision = covered_precision = 0
+    steps = 0
+    for row in samples:
+        times = row.tolist()
+        verdict, n = None, rule.max_steps
+        for k in range(1, rule.max_steps + 1):
+            if rule.due(k):
+                verdict = rule.verdict(times[:k], 0.0)
+                if verdict:
+                    n = k
+                    break
+        interval = median_interval(times[:n])
+        hit = interval.low <= truth <= interval.high
+        covered += hit
+        steps += n
+        if verdict == "precision":
+            by_precision += 1
+            covered_precision += hit
+    return {"coverage": covered / reps, "stopped_by_precision": by_precision / reps,
+            "coverage_when_precise": covered_precision / by_precision if by_precision else None,
+            "mean_steps": steps / reps}
+
+
+def sequential_table(rules: dict, reps: int = 4000, seed: int = 0) -> list[dict]:
+    """One row per (rule, noise) of :func:`sequential`; `rules` maps a name to a StopRule."""
+    return [{"rule": name, "noise": noise, **sequential(noise, rule, reps, seed)}
+            for name, rule in rules.items() for noise in NOISES]
+
+
+def sequential_markdown(rows: list[dict], reps: int) -> str:
+    def pct(value) -> str:
+        return "-" if value is None else f"{value * 100:.1f} %"
+
+    lines = ["| rule | noise | stopped by precision | coverage, every point | coverage, points stopped by precision | mean timed steps |",
+             "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['rule']} | {r['noise']} | {pct(r['stopped_by_precision'])} | {pct(r['coverage'])} | "
+              f"{pct(r['coverage_when_precise'])} | {r['mean_steps']:.1f} |" for r in rows]
+    lines.append(f"\n{reps:,} seeded sequences per row.")
+    return "\n".join(lines)

@@ -39,3 +39,16 @@ def test_the_labels_say_the_coverage_not_a_flat_95():
 def test_the_bootstrap_it_replaces_says_95_percent_and_covers_far_less(n):
     covered = simulate("percentile bootstrap", "lognormal", n, 1000, resamples=500)
     assert covered < 0.9  # about 75 % at n = 3, 87 % at n = 4 (docs/timing.md)
+
+
+def test_under_the_stopping_rule_points_stopped_by_precision_cover_less_than_their_fixed_n_level():
+    """The rule stops at the first narrow look: a seeded simulation of the rule itself (docs/timing.md, "Under
+    the stopping rule") finds the intervals of the points it stopped by precision below 95 %, while over every
+    point, capped ones included, the coverage stays near it."""
+    from ckptbench.measure.stopping import StopRule
+    from ckptbench.store.coverage import sequential
+
+    result = sequential("lognormal", StopRule(3, 0.05, 30, 1e9, 1), 1000)
+    assert 0.2 < result["stopped_by_precision"] < 0.8
+    assert result["coverage_when_precise"] < LEVEL - 0.03
+    assert result["coverage"] > LEVEL - 0.03
