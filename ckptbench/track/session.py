@@ -15,7 +15,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import replace
@@ -135,6 +137,8 @@ class Session:
         self.optimizer = None
         self.record: dict | None = None
         self.failed: str = ""  # why tracking stopped before its record (the run itself goes on)
+        self.interrupted: str = ""  # the signal that ended the run while it was measured
+        self._previous: dict[int, object] = {}  # the handlers the run had before measuring began
         self.k = 0  # optimizer steps seen
         self.t0 = time.time()
         if out is not None:
@@ -162,7 +166,48 @@ class Session:
             device = next(model.parameters()).device
             provisional = Case(model=_placeholder(), train=self.train, batch_size=1, seq_len=1, device=device.type)
             self.schedule = StepSchedule(provisional, device, decoder_layers(model), None, None, model)
+            self.arm()
         return self.schedule
+
+    # ------------------------------------------------------------------ signals while measuring
+    def arm(self) -> None:
+        """While the run is measured, SIGTERM and SIGINT first write what was measured (:meth:`on_signal`),
+        then go to the handlers the run had (the user's, Trainer's, Accelerate's, torchrun's or Python's).
+        Only the main thread can install handlers; elsewhere nothing is installed."""
+        if self.out is None or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self.on_signal)
+            except (ValueError, OSError):  # not settable here: left as it is
+                pass
+
+    def disarm(self) -> None:
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            try:
+                if signal.getsignal(signum) == self.on_signal:
+                    signal.signal(signum, handler)
+            except (ValueError, OSError, TypeError):
+                pass
+
+    def on_signal(self, signum, frame) -> None:
+        """Write what was measured, put the run's handlers back, and pass the signal on to them."""
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        try:
+            self.interrupted = signal.Signals(signum).name
+            if self.schedule is not None and self.schedule.marks.active:
+                self.schedule.marks.stop()
+            self.finish()
+        except Exception as exc:  # noqa: BLE001 (the signal is passed on whatever happened here)
+            log.warning("ckptbench.track: no record written on %s (%s: %s)", signal.Signals(signum).name,
+                        type(exc).__name__, exc)
+        self.disarm()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def begin(self, model, optimizer) -> None:
         if not self.done:
@@ -198,6 +243,7 @@ class Session:
         if self.failed or self.record is not None:
             return
         self.failed = f"{type(exc).__name__} in {where}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        self.disarm()
         try:
             if self.schedule is not None and self.schedule.marks.active:
                 self.schedule.marks.stop()
@@ -235,8 +281,10 @@ class Session:
         schedule = self.schedule
         schedule.finish()
         needed = case.train.warmup_steps + case.train.memory_steps + 1
+        self.disarm()
+        ended = f"{self.interrupted} ended the run" if self.interrupted else "the run ended"
         if schedule.stats is None or not schedule.mem:
-            result = {"status": "skipped", "reason": f"the run ended after {self.k} optimizer steps: tracking "
+            result = {"status": "skipped", "reason": f"{ended} after {self.k} optimizer steps: tracking "
                       f"needs {needed} (warm-up, memory step, a timed step)"}
         else:
             api = "activation_checkpointing_enable" if case.checkpointed_layers else None
@@ -252,7 +300,8 @@ class Session:
         record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
         record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k,
-                           "mistakes": mistakes(self.seen, record) if record["status"] == "ok" else []}
+                           "mistakes": mistakes(self.seen, record) if record["status"] == "ok" else [],
+                           "interrupted_by": self.interrupted or None}
         problem = record_problem(record)
         if problem:  # never the user's training's end: said, and nothing written
             warnings.warn(f"ckptbench.track: the record does not validate ({problem}); not written", stacklevel=2)
