@@ -202,14 +202,29 @@ def make_record(suite: Suite, case: Case, result: dict, host_env: dict, annotate
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "env": {**machine_environment(host_env, result.get("device_env", {})), **_load_now(result)},
     }
-    steps = (record["measurement"].get("steps_wall_s") or {}).values()
+    walls = record["measurement"].get("steps_wall_s") or {}
+    steps = walls.values()
     if record["wall_s"] and sum(steps) > 0:  # the whole point (fork, build, probes, record) over its steps
         record["harness_ratio"] = record["wall_s"] / sum(steps)
+        record["harness_parts"] = harness_parts(record["wall_s"], walls, record["measurement"].get("timed_steps"),
+                                                case.train.memory_steps)
     if result.get("host_memory"):
         record["host_memory"] = result["host_memory"]  # what the sweep saw of a worker that was stopped or killed
     if annotate is not None:
         annotate(case, record)
     return record
+
+
+def harness_parts(wall_s: float, walls: dict, timed_steps: int | None, memory_steps: int) -> dict:
+    """`harness_ratio` in its parts: the point's wall over its timed steps alone, the memory step's time
+    (all its probes) over one timed step's, and the warm-up's seconds."""
+    timed = walls.get("timed") or 0.0
+    per_timed = timed / timed_steps if timed and timed_steps else None
+    memory = walls.get("memory") or 0.0
+    return {"wall_over_timed": wall_s / timed if timed else None,
+            "memory_step_over_timed_step": (memory / memory_steps / per_timed) if per_timed and memory_steps
+            else None,
+            "warmup_s": walls.get("warmup")}
 
 
 def run_sweep(suite: Suite, options: SweepOptions, on_record: Callable[[dict, int, int], None] | None = None,

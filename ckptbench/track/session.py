@@ -264,6 +264,7 @@ class Session:
         suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
         record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)
+        record.pop("harness_parts", None)
         record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k, "mistakes": []}
         if record_problem(record) is None:
             store = RecordStore(rank_dir(self.out))
@@ -299,6 +300,7 @@ class Session:
         suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
         record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
+        record.pop("harness_parts", None)
         record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k,
                            "mistakes": mistakes(self.seen, record) if record["status"] == "ok" else [],
                            "interrupted_by": self.interrupted or None}
