@@ -34,8 +34,8 @@ def ring_link(a) -> Link:
 def _ddp_param_bytes(case: Case) -> list[int]:
     """Gradient bytes of each trainable tensor in registration order (embedding, layers, the rest)."""
     b = DTYPES[case.model.dtype]
-    if case.setup.lora:  # only the adapters are trained: DDP buckets their gradients
-        return [estimate_case(case).grads_bytes]
+    if case.setup.lora:  # DDP buckets the adapters' gradients only; the estimate's gradient bytes count every
+        return [estimate_case(case).grads_bytes]  # weight: the comm of a LoRA plan is over-, never under-stated
     shapes = unit_shapes(case.model)
     lead = 2 if case.model.family == "gpt2" else 1
     root = [_elements(x) * b for x in shapes["root"]]
