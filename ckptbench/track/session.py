@@ -369,6 +369,18 @@ def figures_of(record: dict) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if v is not None}
 
 
+def failing_named(record: dict) -> str:
+    """`` (failing: q1, meters.q2, gate g)`` for a record whose verdict is fail: every check, meter check and
+    gate behind it, by name; empty otherwise."""
+    if record.get("verdict") != "fail":
+        return ""
+    names = [c.get("quantity") for c in record.get("checks") or [] if c.get("verdict") == "fail"]
+    names += [f"meters.{c.get('quantity')}" for c in (record.get("meters") or {}).get("checks") or []
+              if c.get("verdict") == "fail"]
+    names += [f"gate {g}" for g, v in (record.get("gates") or {}).items() if v]
+    return f" (failing: {', '.join(dict.fromkeys(str(n) for n in names))})" if names else ""
+
+
 def summary_line(record: dict, path: str) -> str:
     """What a tracked run prints when its record is written: the peak, its phase, the verdict, each mistake."""
     m = record.get("measurement") or {}
@@ -377,7 +389,7 @@ def summary_line(record: dict, path: str) -> str:
     if record["status"] == "ok":
         lines[0] += (f", peak {m['peak_bytes'] / 2**20:.2f} MiB ({m.get('peak_phase')}), after forward "
                      f"{m['mem_after_forward_bytes'] / 2**20:.2f} MiB, step {m['step_time_median_s'] * 1e3:.1f} ms, "
-                     f"verdict {record.get('verdict')} -> {path}")
+                     f"verdict {record.get('verdict')}{failing_named(record)} -> {path}")
     else:
         lines[0] += f": {record.get('reason')}"
     lines += [f"ckptbench: mistake: {x['line']}" for x in (record.get("track") or {}).get("mistakes", [])]

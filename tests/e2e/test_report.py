@@ -98,7 +98,10 @@ def test_headline_answers_the_suite_budgets_each_once(smoke):
 
 
 def test_estimate_checks_table(smoke):
+    # the estimate's checks and the meters' ("meters.<quantity>"): every check a verdict counts
     checks = [c for r in smoke.records for c in r.get("checks") or []]
+    checks += [{**c, "quantity": f"meters.{c['quantity']}"} for r in smoke.records
+               for c in (r.get("meters") or {}).get("checks") or []]
     if not checks:
         assert HEADINGS["checks"] not in smoke.page.h2  # nothing to show: no section
         return

@@ -52,3 +52,17 @@ def test_the_optimizer_by_ckptbenchs_name(tiny):
 def test_batch_shape_from_a_tensor_a_mapping_or_a_sequence():
     ids = torch.zeros(3, 17, dtype=torch.long)
     assert batch_shape(ids) == batch_shape({"input_ids": ids, "labels": ids}) == batch_shape((ids, ids)) == (3, 17)
+
+
+def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_the_report():
+    from ckptbench.report.columns import with_meters
+    from ckptbench.track.session import failing_named
+
+    record = {"verdict": "fail", "checks": [{"quantity": "peak_bytes", "verdict": "pass"}],
+              "meters": {"checks": [{"quantity": "allocator_vs_tracker_bytes", "verdict": "fail"}]},
+              "gates": {"meters_disagree": 1}}
+    assert failing_named(record) == " (failing: meters.allocator_vs_tracker_bytes, gate meters_disagree)"
+    assert failing_named({**record, "verdict": "pass"}) == ""
+    merged = with_meters(record["checks"], record["meters"]["checks"])
+    assert [c["quantity"] for c in merged] == ["peak_bytes", "meters.allocator_vs_tracker_bytes"]
+    assert with_meters(record["checks"], None) is record["checks"]
