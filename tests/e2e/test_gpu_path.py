@@ -90,7 +90,8 @@ def test_gpu_check_script_on_cpu(tmp_path, write_suite):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert len(files) <= 12 and all(f.count("/") <= 1 for f in files), files  # what the device returns
+    # what the device returns (achieved_fit.txt: the fit the card's run allows, here "nothing fitted")
+    assert len(files) <= 13 and all(f.count("/") <= 1 for f in files), files
     assert "run/records.jsonl" in files and "gpu_check.log" in files and "logs.tar.gz" in files
     assert "statuses: ok 2" in proc.stdout
     summary = json.loads((out / "run" / "summary.json").read_text())
