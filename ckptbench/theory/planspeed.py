@@ -8,6 +8,7 @@ on the ring's link (:mod:`.network`) and overlapped with that compute as FSDP2 a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..spec.case import DTYPES, Case
@@ -38,16 +39,9 @@ def _ddp_param_bytes(case: Case) -> list[int]:
         return [estimate_case(case).grads_bytes]  # weight: the comm of a LoRA plan is over-, never under-stated
     shapes = unit_shapes(case.model)
     lead = 2 if case.model.family == "gpt2" else 1
-    root = [_elements(x) * b for x in shapes["root"]]
-    layer = [_elements(x) * b for x in shapes["layer"]]
+    root = [math.prod(x) * b for x in shapes["root"]]
+    layer = [math.prod(x) * b for x in shapes["layer"]]
     return root[:lead] + layer * case.model.layers + root[lead:]
-
-
-def _elements(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 @dataclass(frozen=True)
