@@ -17,7 +17,6 @@ none of that shape's steps enter its prediction), and writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -26,21 +25,13 @@ DEFAULT_RUN = os.path.join("results", "h200-20261204-gpu-small", "run")
 
 
 def run_fit(run: str):
-    from ckptbench.run.calibration import calibrated_link
-    from ckptbench.spec.case import Case
-    from ckptbench.theory.achieved import achieved_from
+    """`plan --from-run`'s own fit of a run (relative paths from the repository's root)."""
+    from dataclasses import replace
 
-    with open(os.path.join(ROOT, run, "records.jsonl"), encoding="utf-8") as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
-    records = [r for r in records if r.get("status") == "ok" and r["case"]["device"] == "cuda"
-               and r["case"].get("world_size", 1) == 1]
-    cases = [Case.from_dict(r["case"]) for r in records]
-    if len({(c.batch_size, c.seq_len) for c in cases}) < 2:
-        return None
-    with open(os.path.join(ROOT, run, "calibration.json"), encoding="utf-8") as fh:
-        cal = json.load(fh)
-    seconds = [r["measurement"]["step_time_median_s"] for r in records]
-    return achieved_from(cases, seconds, cal["device_name"], calibrated_link(cal), run)
+    from ckptbench.cli.planspeed import run_fit as fit
+
+    got = fit(os.path.join(ROOT, run))
+    return None if got is None else (replace(got[0], source=run), got[1])  # named as given
 
 
 def module_text(name: str, fitted) -> str:

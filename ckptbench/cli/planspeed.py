@@ -62,14 +62,20 @@ def step_timer(args, a, threads: int):
         return MeasuredTimer(args.rates_dir, threads, a.link_bytes_per_s)
     if args.lower_bound:
         return DatasheetTimer(a.device_name, a.link_bytes_per_s, a.peak_flops_per_s)
-    fitted = run_fit(args.from_run) if args.from_run else None
-    if fitted is None:
+    fit = run_fit(args.from_run) if args.from_run else None
+    if args.from_run and fit is None:
+        print(f"warning: {args.from_run}: fewer than two shapes of ok single-rank CUDA steps: the step times use "
+              "the committed H200 run's fractions", file=sys.stderr)
+    if fit is not None:
+        fitted = fit[0]
+    else:
         from ..theory.achieved_fit import H200 as fitted
     return AchievedTimer(a.device_name, fitted, a.link_bytes_per_s)
 
 
 def run_fit(run_dir: str):
-    """The achieved fractions of a CUDA run's single-rank records (at least two shapes), or None."""
+    """The achieved fractions of a CUDA run's single-rank records (at least two shapes) and a row per point
+    (:func:`~ckptbench.theory.achieved.achieved_from`), or None."""
     from ..run.calibration import read_calibration
     from ..spec.case import Case
     from ..store.records import load_records
@@ -83,10 +89,8 @@ def run_fit(run_dir: str):
     name = cal.get("device_name") or (records[0].get("env", {}).get("device_name") if records else None)
     cases = [Case.from_dict(r["case"]) for r in records]
     if not name or len({(c.batch_size, c.seq_len) for c in cases}) < 2:
-        print(f"warning: {run_dir}: fewer than two shapes of ok single-rank CUDA steps: the step times use the "
-              "committed H200 run's fractions", file=sys.stderr)
         return None
     from ..run.calibration import calibrated_link
 
     return achieved_from(cases, [r["measurement"]["step_time_median_s"] for r in records], name,
-                         calibrated_link(cal), run_dir)[0]
+                         calibrated_link(cal), run_dir)
