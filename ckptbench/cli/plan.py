@@ -248,7 +248,9 @@ def cmd_plan(args) -> int:
                             or not analytic_point(spec, case.setup, a.device)):
         raise UsageError("--layer-sets: planned from the analytic estimate of an unsharded point, without --verify "
                          "(which measures every_n_layers settings)")
-    predict = predictor(spec, args.seq, a, args.simulate, case.setup, sac)
+    # at a fixed --batch the longest sequence at batch 1 answers nothing asked: its fit across lengths (half
+    # the simulations, and the slowest) is left out, and the output says so
+    predict = predictor(spec, args.seq, a, args.simulate, case.setup, sac, across=not args.batch)
     from .planspeed import step_timer
 
     timer = step_timer(args, a, case.train.threads)

@@ -1,8 +1,10 @@
 """``ckptbench compare`` on real tiny sweeps, made worse on purpose in two ways.
 
 The baseline and the slowed run are real sweeps (isolated workers, a few seconds each).  The slowdown is
-the worker's test-only ``slow`` fault: 50 ms slept inside each timed step of one Case, several times
-that Case's step time, so the regression is certain, not a matter of machine speed.  The memory
+the worker's test-only ``slow`` fault: 500 ms slept inside each timed step of one Case, about fifty
+times that Case's step time, so the regression is certain, not a matter of machine speed.  (At 50 ms, a
+baseline whose steps were slowed by load spikes from the other test worker once hid it: CI saw exit 0.
+The t-test on 5 vs 5 log times needs the difference of logs to stand well above one loaded step's.)  The memory
 regression rewrites the baseline's records so that the full-checkpointing Case carries the measurement of
 the no-checkpointing Case under its own id: exactly what a change that silently disabled checkpointing
 would record.
@@ -22,6 +24,8 @@ from ckptbench.store.records import RecordStore, load_records
 from ckptbench.suite.parse import load_suite
 
 pytestmark = pytest.mark.e2e
+
+SLEEP_S = 0.5  # slept inside each timed step of the full-checkpointing Case in the slowed run
 
 SUITE = """
 [suite]
@@ -73,7 +77,7 @@ def baseline(suite, tmp_path_factory):
 @pytest.fixture(scope="module")
 def slowed(suite, full_case, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("slowed"))
-    result = run_sweep(suite, SweepOptions(out_dir=out, faults={full_case.id: Fault("slow", 0.05)}))
+    result = run_sweep(suite, SweepOptions(out_dir=out, faults={full_case.id: Fault("slow", SLEEP_S)}))
     assert [r["status"] for r in result.records] == ["ok", "ok"]
     return out
 
@@ -104,26 +108,26 @@ def test_each_sweep_times_the_calibration_kernel_at_its_start_and_end(baseline, 
 
 def test_injected_step_delay_is_a_time_regression(baseline, slowed, full_case, capsys):
     code, out = _compare(capsys, baseline, slowed)
-    assert code == 1
+    assert code == 1, out
     lines = [line for line in _regression_lines(out) if full_case.id in line]
     assert len(lines) == 1, out
     assert "llama-tiny full" in lines[0] and "step time" in lines[0]
 
     code, out = _compare(capsys, baseline, slowed, "--json")
-    assert code == 1
+    assert code == 1, out
     report = json.loads(out)
     point = next(p for p in report["points"] if p["key"] == full_case.id)
     step = next(d for d in point["deltas"] if d["quantity"] == "step_time_median_s")
     assert point["regressed"] and step["regressed"]
-    assert step["new"] >= 0.05  # the injected sleep is inside the timed step
+    assert step["new"] >= SLEEP_S  # the injected sleep is inside the timed step
     # the product's bar (p < 0.05), not a stricter one: the baseline's steps run on whatever the machine is
     # doing, and one of them slowed by load widens the t-test's variance (CI saw p = 0.0199 once)
     assert step["verdict"] == "regression" and step["p_value"] < 0.05
     assert step["test"] == "one-sided Welch t on log times, 5 vs 5 steps"
     assert 0.9 <= step["old_ci_coverage"] <= 1  # a bootstrap interval over 5 steps: about 94 %, not 95
-    # every new step holds the 50 ms sleep, so every bootstrap median does (whether the old interval ends
+    # every new step holds the sleep, so every bootstrap median does (whether the old interval ends
     # below it depends on how loaded the machine was while the baseline ran: not asserted)
-    assert step["new_ci"][0] >= 0.05
+    assert step["new_ci"][0] >= SLEEP_S
     tokens = next(d for d in point["deltas"] if d["quantity"] == "tokens_per_s")
     assert tokens["regressed"]
 
