@@ -1,0 +1,77 @@
+"""The docs' measured tables are recomputed from the committed consoles and records they name.
+
+docs/optimize.md's CPU table: each row names its run under ``results/reference-optimize-cpu/``; its
+optimum, peaks and tokens/s are read back from that run's console (the verify line of the optimum), its
+records agree with the console, and the bullets' summary figures (peaks equal to the byte, the spread of
+measured against predicted tokens/s) follow from the rows.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ckptbench.store.records import load_records
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "results" / "reference-optimize-cpu"
+OPTIMIZE = (ROOT / "docs" / "optimize.md").read_text()
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def cpu_rows() -> list[dict]:
+    section = OPTIMIZE[OPTIMIZE.index("## Measured"):OPTIMIZE.index("**Llama-8B on an H100")]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and (RUNS / cells[0]).is_dir():
+            run, _model, _budget, optimum, peaks, tokens = cells
+            name, batch = re.fullmatch(r"(\S+) · batch (\d+)", optimum).groups()
+            pred_peak, meas_peak = (number(x) for x in peaks.split(" = "))
+            t = re.fullmatch(r"([0-9,]+) → ([0-9,]+) \[([0-9,]+), ([0-9,]+)\]", tokens).groups()
+            rows.append({"run": run, "name": name, "batch": int(batch), "peaks": (pred_peak, meas_peak),
+                         "tokens": tuple(number(x) for x in t)})
+    return rows
+
+
+def verify_line(run: str) -> dict:
+    console = (RUNS / run / "console.log").read_text()
+    assert console.rstrip().endswith("exit 0")
+    m = re.search(r"^optimum (\S+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9,]+)\s+([0-9,]+) \[([0-9,]+), ([0-9,]+)\]"
+                  r"\s+ok \(measured peak = predicted\)$", console, re.M)
+    assert m, f"{run}: no verify line of the optimum"
+    g = m.groups()
+    return {"name": g[0], "batch": int(g[1]), "peaks": (float(g[2]), float(g[3])),
+            "tokens": tuple(number(x) for x in g[4:])}
+
+
+def test_every_row_of_the_cpu_table_is_its_runs_console():
+    rows = cpu_rows()
+    assert len(rows) == 6
+    for row in rows:
+        seen = verify_line(row["run"])
+        assert {k: row[k] for k in seen} == seen, row["run"]
+
+
+def test_the_consoles_peaks_are_the_records_to_the_byte():
+    for row in cpu_rows():
+        records = [r for r in load_records(str(RUNS / row["run"] / "run")).records if r["status"] == "ok"]
+        optimum = [r for r in records if r["case"]["batch_size"] == row["batch"]]
+        assert optimum, row["run"]
+        peaks = {round(r["measurement"]["peak_bytes"] / 2**30, 4) for r in optimum}
+        assert row["peaks"][1] in peaks
+
+
+def test_the_bullets_summary_follows_from_the_rows():
+    rows = cpu_rows()
+    assert all(pred == meas for pred, meas in (r["peaks"] for r in rows))
+    assert "**Memory: exact.** Every measured peak equals its prediction to the byte" in OPTIMIZE
+    errors = [(r["tokens"][1] / r["tokens"][0] - 1) * 100 for r in rows]
+    bound, low, high = (float(x) for x in re.search(
+        r"\*\*Step time: within ([0-9.]+) %\.\*\* Every measured median is within [0-9.]+ % of its predicted "
+        r"tokens/s \(−([0-9.]+) % to\s+\+([0-9.]+) %\)", OPTIMIZE).groups())
+    assert round(min(errors), 1) == -low and round(max(errors), 1) == high
+    assert max(abs(e) for e in errors) <= bound < max(abs(e) for e in errors) + 0.2
