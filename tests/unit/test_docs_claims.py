@@ -75,3 +75,34 @@ def test_the_bullets_summary_follows_from_the_rows():
         r"tokens/s \(−([0-9.]+) % to\s+\+([0-9.]+) %\)", OPTIMIZE).groups())
     assert round(min(errors), 1) == -low and round(max(errors), 1) == high
     assert max(abs(e) for e in errors) <= bound < max(abs(e) for e in errors) + 0.2
+
+
+SWEEPS = " ".join((ROOT / "docs" / "sweeps.md").read_text().split())
+
+
+def test_the_memory_steps_cost_is_the_reference_runs():
+    import statistics
+
+    stated = re.search(r"in `results/reference-cpu-bench` it took ([0-9.]+)-([0-9.]+)× a timed step \(median "
+                       r"([0-9.]+)×\), the step plus a fixed ([0-9.]+)-([0-9.]+) s of probes", SWEEPS)
+    assert stated
+    records = load_records(str(ROOT / "results" / "reference-cpu-bench")).records
+    ratios = [r["harness_parts"]["memory_step_over_timed_step"] for r in records]
+    extra = [r["measurement"]["steps_wall_s"]["memory"]
+             - r["measurement"]["steps_wall_s"]["timed"] / r["measurement"]["timed_steps"] for r in records]
+    low, high, median, fixed_low, fixed_high = (float(g) for g in stated.groups())
+    assert (low, median, high) == (round(min(ratios), 1), round(statistics.median(ratios), 1), round(max(ratios), 1))
+    assert (fixed_low, fixed_high) == (round(min(extra), 2), round(max(extra), 2))
+
+
+def test_the_frozen_heaps_saving_is_the_before_and_after_runs():
+    stated = re.search(r"which took ([0-9.]+)-([0-9.]+) s off the memory step at each of (\d+) points with every "
+                       r"peak the same to the byte \(`results/reference-memory-step-gc`", SWEEPS)
+    assert stated
+    runs = ROOT / "results" / "reference-memory-step-gc"
+    before, after = ({r["case_id"]: r["measurement"] for r in load_records(str(runs / side)).records}
+                     for side in ("before", "after"))
+    assert sorted(before) == sorted(after) and len(before) == int(stated.group(3))
+    saved = [before[k]["steps_wall_s"]["memory"] - after[k]["steps_wall_s"]["memory"] for k in before]
+    assert (float(stated.group(1)), float(stated.group(2))) == (round(min(saved), 2), round(max(saved), 2))
+    assert all(before[k]["peak_bytes"] == after[k]["peak_bytes"] for k in before)
