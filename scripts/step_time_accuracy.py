@@ -4,8 +4,9 @@
     python scripts/step_time_accuracy.py --from-run results/h200-.../run             # judge any run's records
 
 Each point is predicted by :func:`ckptbench.theory.steptime.predict` from every *other* point of its run
-(leave one out): its own measured step never enters its prediction.  A point with other strategies at the
-same batch and sequence is transformed from them, as a sweep predicts its points.  A second table
+(leave one out): its own measured step never enters its prediction, nor a twin's
+(`theory/steptime.twins`).  A point with other strategies at the same batch and sequence is transformed
+from them, as a sweep predicts its points.  A second table
 predicts every point with its whole (batch, seq) left out, from the run's other shapes alone (the fit a
 plan's other batches rely on).  Each table gives each point's prediction, its measured median step, the
 error and the method; its summary how many are within ±10 % and ±25 %, and the mean |error|.

@@ -49,6 +49,22 @@ def group_key(case: Case) -> str:
     return json.dumps(d, sort_keys=True)
 
 
+def workload(case: Case) -> tuple:
+    """What a point's step computes, beyond its :func:`group_key`: its batch and sequence, the layers it
+    checkpoints and how, and its offload only where offload moves something (CUDA; on a CPU the host is
+    the device and an offloaded step is the plain one).  Seed, data and local-SGD period are not in it."""
+    r = case.recompute
+    copies = case.device == "cuda"
+    return (case.batch_size, case.seq_len, tuple(case.checkpointed_layers), r.sac, r.compile_budget,
+            bool(case.offload) and copies, r.offload if copies and case.offload else "")
+
+
+def twins(target: Case, base: Case) -> bool:
+    """Whether `base` ran the very step `target` runs: then it is never a baseline of `target`, since a
+    prediction from it would be the observation again (CPU offload beside plain; a seed or data variant)."""
+    return workload(base) == workload(target)
+
+
 @dataclass(frozen=True)
 class Baseline:
     """A measured point, as the model uses it."""
@@ -199,7 +215,7 @@ def predict(target: Case, records: list[dict], link_bytes_per_s: float | None = 
 
 def predict_from(target: Case, measured: list[Baseline], link_bytes_per_s: float | None = None) -> dict:
     """The step-time model's answer for `target` from `measured` baselines (the target's own is never
-    used), as the record keeps it: ``predicted_s`` with its ``method`` and ``baselines``, or ``error``
+    used, nor a twin's: :func:`twins`), as the record keeps it: ``predicted_s`` with its ``method`` and ``baselines``, or ``error``
     saying why there is none."""
     if target.compiled:
         return {"error": "a compiled point runs inductor's kernels: no eager baseline transforms into it"}
@@ -208,7 +224,7 @@ def predict_from(target: Case, measured: list[Baseline], link_bytes_per_s: float
     link = link_bytes_per_s or HOST_LINK_BYTES_PER_S
     link_note = "measured" if link_bytes_per_s else "assumed"
     key = group_key(target)
-    bases = [b for b in measured if b.case_id != target.id and b.group == key]
+    bases = [b for b in measured if b.case_id != target.id and b.group == key and not twins(target, b.case)]
     why = transformable(target)
     if why:  # only its own policy's steps know what it recomputes
         bases = [b for b in bases if b.case.recompute == target.recompute and b.case.offload == target.offload

@@ -106,3 +106,52 @@ def test_the_frozen_heaps_saving_is_the_before_and_after_runs():
     saved = [before[k]["steps_wall_s"]["memory"] - after[k]["steps_wall_s"]["memory"] for k in before]
     assert (float(stated.group(1)), float(stated.group(2))) == (round(min(saved), 2), round(max(saved), 2))
     assert all(before[k]["peak_bytes"] == after[k]["peak_bytes"] for k in before)
+
+
+def _accuracy_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "scripts" / "step_time_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _figures(rows: list[dict]) -> tuple:
+    """(predicted, within ±10 %, within ±25 %, mean |error| %, largest %), as the docs round them."""
+    errors = [abs(r["error"]) for r in rows if "error" in r]
+    return (len(errors), sum(e <= 0.10 for e in errors), sum(e <= 0.25 for e in errors),
+            round(100 * sum(errors) / len(errors), 1), round(100 * max(errors), 1))
+
+
+STEP_TIME = " ".join((ROOT / "docs" / "step-time-model.md").read_text().split())
+
+
+def test_the_step_time_accuracy_tables_are_the_committed_grids_judged_twin_free():
+    script = _accuracy_script()
+    base = ROOT / "results" / "reference-step-time-accuracy" / "trace-based"
+    for grid, label in (("grid-2", "grid 2 (load 1–2"), ("grid-3", "grid 3 (quiet")):
+        rows = [row for m in ("llama", "qwen2", "gpt2") for row in script.held_out(str(base / grid / m))]
+        cells = re.search(re.escape(label) + r"[^|]*\| (\d+) of (\d+) \| (\d+) of \d+ \| ([0-9.]+) % \| ([0-9.]+) % \|",
+                          STEP_TIME)
+        assert cells, label
+        n10, n, n25, mean, largest = cells.groups()
+        assert _figures(rows) == (int(n), int(n10), int(n25), float(mean), float(largest))
+
+
+def test_the_bench_runs_accuracy_and_the_cross_shape_fit_are_its_records():
+    script = _accuracy_script()
+    run = str(ROOT / "results" / "reference-cpu-bench")
+    same = _figures(script.held_out(run))
+    stated = re.search(r"judged the same way, is within ±10 % at (\d+) of (\d+) \(mean \|error\| ([0-9.]+) %, "
+                       r"largest ([0-9.]+) %\)", STEP_TIME)
+    assert stated
+    assert (same[1], same[0], same[3], same[4]) == (int(stated.group(1)), int(stated.group(2)),
+                                                   float(stated.group(3)), float(stated.group(4)))
+    other = _figures(script.held_out(run, other_shapes=True))
+    cross = re.search(r"(\d+) of its (\d+) points have three measured shapes around them \(the grid's corners do "
+                      r"not\); (\d+) of the \d+ are within ±10 %, (\d+) within ±25 %, mean \|error\| ([0-9.]+) %, "
+                      r"largest ([0-9.]+) %", STEP_TIME)
+    assert cross
+    predicted, points, n10, n25, mean, largest = cross.groups()
+    assert int(points) == 30 and other == (int(predicted), int(n10), int(n25), float(mean), float(largest))

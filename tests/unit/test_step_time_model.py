@@ -198,3 +198,17 @@ def test_the_layer_clock_times_each_layers_forward_in_place_and_never_a_backward
     # one forward a layer a step: the recomputation in backward is not counted as a forward
     assert [len(p) for p in clock.steps[0]] == [1, 1, 1]
     assert not any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)  # closed
+
+
+def test_a_twin_of_the_target_is_never_its_baseline():
+    """On a CPU full+offload is full's very step, and a seed variant is the same step too: a prediction from
+    either would be the observation again, so neither is used; on CUDA offload's copies make it another."""
+    none, off = record(case(), 0.200), record(case(every=1, offload=True), 0.246)
+    seeded = Case(preset("llama-small"), TrainSpec(seed=7), 2, 128, every_n_layers=1)
+    p = predict(case(every=1), [none, off, record(seeded, 0.247)])
+    assert p["baseline_strategies"] == ["none"]
+    assert p["predicted_s"] == pytest.approx(0.200 + sum(FORWARD))
+    only_twins = predict(case(every=1), [off, record(seeded, 0.247)])
+    assert "predicted_s" not in only_twins
+    gpu = predict(case(every=1, device="cuda"), [record(case(every=1, offload=True, device="cuda"), 0.3)])
+    assert gpu["baseline_strategies"] == ["full+offload"]
