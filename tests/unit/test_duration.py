@@ -150,3 +150,25 @@ def test_nothing_is_measured_for_a_sweep_no_flop_formula_describes(monkeypatch):
     assert not mistral.model.analytic
     rates, why = calibration.machine_rates([mistral])
     assert rates is None and why == "no FLOP formula for the model type of any point"
+
+
+def test_the_held_out_bench_runs_projection_is_its_records_and_console():
+    """results/reference-cpu-bench ran after the constants were set: its projection, each record's
+    projected_s plus the sweep's start, and its time, the console's; docs/suites.md states both."""
+    import re
+
+    from ckptbench.store.records import load_records
+
+    run = os.path.join(RESULTS, "reference-cpu-bench")
+    records = load_records(run).records
+    with open(os.path.join(run, "console.log"), encoding="utf-8") as fh:
+        took, projected = (float(x) for x in re.search(r"the sweep took ([0-9.]+) s; projected ([0-9.]+) s",
+                                                       fh.read()).groups())
+    assert projected == pytest.approx(duration.start_seconds(True, False) + sum(r["projected_s"] for r in records),
+                                      abs=0.05)
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "suites.md"), encoding="utf-8") as fh:
+        docs = " ".join(fh.read().split())
+    stated = re.search(r"took ([0-9.]+) s of sweep against ([0-9.]+) s projected when it started \(([0-9.]+) times",
+                       docs)
+    assert (float(stated.group(1)), float(stated.group(2))) == (took, projected)
+    assert float(stated.group(3)) == round(projected / took, 2)
