@@ -66,6 +66,22 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return get() if callable(get) else model
 
 
+def causal_lm_refusal(model: torch.nn.Module) -> str:
+    """Why the tracker cannot measure `model` ("" when it can): its estimate and simulation build the
+    causal LM of the model's config, so anything else (a sequence classifier, an encoder, a module of the
+    user's own) would be checked against another model's figures."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    inner = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    base = base_model(inner)
+    name = type(base).__name__
+    if name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+        return ""
+    kind = "a transformers model but not a causal LM" if hasattr(base, "config") else "not a transformers model"
+    return (f"{name} is {kind}: ckptbench measures causal LMs (AutoModelForCausalLM's classes), whose "
+            "estimate it can build from the config")
+
+
 def model_spec(model: torch.nn.Module) -> ModelSpec:
     """The ModelSpec that builds `model`'s config: its dimensions, and only those other keys whose value
     differs from what the dimensions alone build (so a preset's model reads back as that preset)."""

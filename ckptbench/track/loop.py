@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from .session import Session, contained, figures_of
+from .inspect import causal_lm_refusal
+from .session import Session, TrackSetupError, contained, figures_of
 
 AUTOCAST_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -59,6 +60,9 @@ class Tracker:
 
     def __init__(self, model, optimizer, out: str | None, *, name: str = "", loop: str | None = None,
                  train=None, echo: bool = True, accelerator=None):
+        why = causal_lm_refusal(model)  # refused here, before the run: never a failure after it starts
+        if why:
+            raise TrackSetupError(f"ckptbench.track: model: {why}")
         inner = getattr(optimizer, "optimizer", optimizer)
         self.accelerator = accelerator  # its trackers (accelerator.log) receive the record's figures
         accelerated = type(optimizer).__module__.startswith("accelerate")

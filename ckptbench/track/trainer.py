@@ -15,7 +15,8 @@ from transformers import Trainer, TrainerCallback
 
 from ..spec.training import TrainSpec
 from ..train.trainer_probes import instrument, probes_callback
-from .session import Session, contained, figures_of
+from .inspect import causal_lm_refusal
+from .session import Session, TrackSetupError, contained, figures_of
 
 
 def calling_trainer() -> Trainer | None:
@@ -68,6 +69,9 @@ class TrainerTracker(TrainerCallback):
         trainer = calling_trainer()
         if trainer is None or self.probes is not None:
             return
+        why = causal_lm_refusal(kw["model"])
+        if why:  # the Trainer has its model only now: tracking ends in one warning line, training goes on
+            raise TrackSetupError(f"model: {why}")
         self.args, self.trainer = args, trainer
         self.session.model, self.session.optimizer = kw["model"], kw["optimizer"]
         self.session.scheduled(kw["model"], kw["optimizer"])

@@ -85,6 +85,56 @@ def test_an_out_that_cannot_be_written_is_refused_when_the_tracker_is_made(tmp_p
     assert "\n" not in message and out in message and message.startswith("ckptbench.track: out=")
 
 
+def _classifier():
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, intermediate_size=64, vocab_size=128, num_labels=2,
+                                  max_position_embeddings=64, pad_token_id=0, use_cache=False)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager")
+
+
+def test_what_is_not_a_causal_lm_is_refused_when_the_tracker_is_made(tmp_path):
+    """Its estimate would be of another model (the causal LM of its config): refused in one line, before a
+    step, with no hook left on the model."""
+    for model in (_classifier(), torch.nn.Sequential(torch.nn.Embedding(128, 16), torch.nn.Linear(16, 128))):
+        with pytest.raises(TrackSetupError) as caught:
+            track(model, torch.optim.AdamW(model.parameters()), out=str(tmp_path / "records"))
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("ckptbench.track: model: ")
+        assert type(model).__name__ in message and "causal LM" in message
+        assert not model._forward_pre_hooks and not model._forward_hooks
+    model = _model()  # a causal LM is taken (inside peft and DDP too: test_track_numerics)
+    track(model, torch.optim.AdamW(model.parameters()), out=str(tmp_path / "records")).close()
+
+
+def test_a_trainer_of_a_classifier_trains_untouched_and_says_why_it_measured_nothing(tmp_path, caplog):
+    from transformers import Trainer, TrainingArguments
+
+    def run(callback=None):
+        model = _classifier()
+        data = [{"input_ids": ids[0], "labels": int(ids[0, 0]) % 2} for ids in _batches()]
+        args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=STEPS, per_device_train_batch_size=1,
+                                 learning_rate=1e-3, lr_scheduler_type="constant", report_to="none",
+                                 disable_tqdm=True, save_strategy="no", use_cpu=True, dataloader_pin_memory=False,
+                                 seed=0, data_seed=0, logging_steps=1)
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        if callback is not None:
+            trainer.add_callback(callback)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h], [p.detach().clone() for p in model.parameters()]
+
+    plain = run()
+    callback = TrainerTracker(out=str(tmp_path / "records"), echo=False)
+    with caplog.at_level(logging.WARNING, logger="ckptbench"):
+        tracked = run(callback)
+    assert tracked[0] == plain[0] and all(torch.equal(a, b) for a, b in zip(tracked[1], plain[1]))
+    assert "LlamaForSequenceClassification is a transformers model but not a causal LM" in callback.session.failed
+    warned = [r.getMessage() for r in caplog.records if r.name == "ckptbench"]
+    assert len([w for w in warned if "stopped measuring" in w]) == 1, warned
+
+
 def test_a_directory_lost_mid_run_ends_the_tracking_not_the_training(tmp_path, caplog):
     plain = _train()
     out = tmp_path / "records"
