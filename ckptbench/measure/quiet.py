@@ -11,12 +11,14 @@ here raises: a descriptor that cannot be diverted is left as it is.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import re
 import sys
 import tempfile
+import warnings
 
 NOISE = (re.compile(rb"^USDT:.*\bprofiler_(start|stop)\s*$"),
          re.compile(rb"^\[W\d+ [\d:.]+ CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated before "
@@ -93,3 +95,25 @@ class Quiet:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def transformers_quiet():
+    """While ckptbench builds models of its own (the estimate's, the simulation's) inside a user's run:
+    transformers' log lines (a config's INFO dump, a warning about a setting of that copy) and Python
+    warnings are the copy's, not the run's, so transformers' logger is raised to ERROR and warnings are
+    ignored meanwhile; both are put back as they were."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # nothing of transformers to quiet
+        hf_logging = None
+    level = hf_logging.get_verbosity() if hf_logging else None
+    if hf_logging:
+        hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if hf_logging:
+            hf_logging.set_verbosity(level)

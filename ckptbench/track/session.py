@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ..measure.quiet import transformers_quiet
 from ..run.environment import host_part
 from ..run.sweep import make_record
 from ..run.worker import StepSchedule, device_environment, measurement_of
@@ -232,8 +233,9 @@ class Session:
     def see(self, batch, *, autocast: str = "", grad_accum: int = 1) -> None:
         """Read the run's Case from its objects (once, on a clean step: nothing is probed then)."""
         if self.seen is None:
-            self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
-                                 grad_accum=grad_accum, train=self.train)
+            with transformers_quiet():  # the config it reads back is built again: its lines are not the run's
+                self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
+                                     grad_accum=grad_accum, train=self.train)
 
     # ------------------------------------------------------------------ when ckptbench fails
     def fail(self, exc: BaseException, where: str) -> None:
@@ -289,16 +291,18 @@ class Session:
                       f"needs {needed} (warm-up, memory step, a timed step)"}
         else:
             api = "activation_checkpointing_enable" if case.checkpointed_layers else None
-            measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
-                                         api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
-                                                                         "model_build_s": None})
+            with transformers_quiet():  # the copies it builds for the estimate are ckptbench's, not the run's
+                measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
+                                             api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
+                                                                             "model_build_s": None})
             if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
                 measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
             result = {"status": "ok", "reason": "", "measurement": measurement}
         result["device_env"] = device_environment(case.device)
         result["wall_s"] = time.time() - self.t0
         suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
-        record = make_record(suite, case, result, host_part(), annotate)
+        with transformers_quiet():
+            record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
         record.pop("harness_parts", None)
         record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k,

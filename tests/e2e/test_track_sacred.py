@@ -211,3 +211,21 @@ def test_a_tracked_trainer_run_prints_nothing_but_ckptbenchs_note(tmp_path):
     assert "USDT" not in both and "profiler_start" not in both and "CPUAllocator" not in both
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines and all(line.startswith("ckptbench: ") for line in lines), lines
+
+
+def test_transformers_lines_of_ckptbenchs_own_model_copies_stay_off_the_terminal(tmp_path, capfd):
+    """With transformers at INFO (as a user may set it), building the estimate's copies of the model
+    would print their configs; those lines are ckptbench's, not the run's: kept off, the level put back."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_info()
+    try:
+        _train(tmp_path / "records")
+        err = capfd.readouterr().err
+        assert hf_logging.get_verbosity() == hf_logging.INFO
+    finally:
+        hf_logging.set_verbosity(level)
+    assert "GenerationConfig" not in err and "[transformers]" not in err, err
+    records = (tmp_path / "records" / "records.jsonl").read_text().splitlines()
+    assert len(records) == 1
