@@ -130,7 +130,7 @@ STEP_TIME = " ".join((ROOT / "docs" / "step-time-model.md").read_text().split())
 def test_the_step_time_accuracy_tables_are_the_committed_grids_judged_twin_free():
     script = _accuracy_script()
     base = ROOT / "results" / "reference-step-time-accuracy" / "trace-based"
-    for grid, label in (("grid-2", "grid 2 (load 1–2"), ("grid-3", "grid 3 (quiet")):
+    for grid, label in (("grid-2", "grid 2 (load 1–2"), ("grid-3", "grid 3 (quiet"), ("grid-4", "grid 4 (2026-12-07")):
         rows = [row for m in ("llama", "qwen2", "gpt2") for row in script.held_out(str(base / grid / m))]
         cells = re.search(re.escape(label) + r"[^|]*\| (\d+) of (\d+) \| (\d+) of \d+ \| ([0-9.]+) % \| ([0-9.]+) % \|",
                           STEP_TIME)
