@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..measure.quiet import transformers_quiet
 from ..sources.configs import DIM_ALIASES, DROPPED, spec_values
 from ..spec.case import PRESETS, Case, ModelSpec, canonical_config, preset
 from ..spec.setup import Lora, Setup
@@ -167,6 +168,7 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+@transformers_quiet()  # the config it reads back is built again: its lines are not the run's
 def seen_run(model: torch.nn.Module, optimizer, batch, *, loop: str, autocast: str = "", grad_accum: int = 1,
              train: TrainSpec | None = None) -> Seen:
     """The Case of a user's run (see the module's text)."""

@@ -233,9 +233,8 @@ class Session:
     def see(self, batch, *, autocast: str = "", grad_accum: int = 1) -> None:
         """Read the run's Case from its objects (once, on a clean step: nothing is probed then)."""
         if self.seen is None:
-            with transformers_quiet():  # the config it reads back is built again: its lines are not the run's
-                self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
-                                     grad_accum=grad_accum, train=self.train)
+            self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
+                                 grad_accum=grad_accum, train=self.train)
 
     # ------------------------------------------------------------------ when ckptbench fails
     def fail(self, exc: BaseException, where: str) -> None:
