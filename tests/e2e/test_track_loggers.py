@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
+from ckptbench.spec.training import Timing, TrainSpec
 from ckptbench.track import TrainerTracker, track
 
 pytestmark = pytest.mark.e2e
@@ -51,8 +52,11 @@ def test_trainer_hands_the_figures_to_tensorboard_and_trains_as_untracked(tmp_pa
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     plain = _trainer(tmp_path / "plain")
-    callback = TrainerTracker(out=str(tmp_path / "records"), echo=False)
+    # at most 3 timed steps: the measurement ends at step 5 of 12, a step the Trainer logs (logging_steps=1),
+    # so handing the figures over must leave that step's loss in the logs
+    callback = TrainerTracker(out=str(tmp_path / "records"), echo=False, train=TrainSpec(timing=Timing(max_steps=3)))
     tracked = _trainer(tmp_path / "tracked", callback, report_to="tensorboard")
+    assert callback.session.k < STEPS
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (plain, tracked)]
     assert len(losses[0]) == STEPS and losses[0] == losses[1]
     assert all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), tracked.model.parameters()))
