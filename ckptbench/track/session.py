@@ -285,22 +285,21 @@ class Session:
         needed = case.train.warmup_steps + case.train.memory_steps + 1
         self.disarm()
         ended = f"{self.interrupted} ended the run" if self.interrupted else "the run ended"
-        if schedule.stats is None or not schedule.mem:
-            result = {"status": "skipped", "reason": f"{ended} after {self.k} optimizer steps: tracking "
-                      f"needs {needed} (warm-up, memory step, a timed step)"}
-        else:
-            api = "activation_checkpointing_enable" if case.checkpointed_layers else None
-            with transformers_quiet():  # the copies it builds for the estimate are ckptbench's, not the run's
+        with transformers_quiet():  # the model copies built for the estimate and checks are ckptbench's
+            if schedule.stats is None or not schedule.mem:
+                result = {"status": "skipped", "reason": f"{ended} after {self.k} optimizer steps: tracking "
+                          f"needs {needed} (warm-up, memory step, a timed step)"}
+            else:
+                api = "activation_checkpointing_enable" if case.checkpointed_layers else None
                 measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
                                              api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
                                                                              "model_build_s": None})
-            if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-                measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
-            result = {"status": "ok", "reason": "", "measurement": measurement}
-        result["device_env"] = device_environment(case.device)
-        result["wall_s"] = time.time() - self.t0
-        suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
-        with transformers_quiet():
+                if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                    measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
+                result = {"status": "ok", "reason": "", "measurement": measurement}
+            result["device_env"] = device_environment(case.device)
+            result["wall_s"] = time.time() - self.t0
+            suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
             record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
         record.pop("harness_parts", None)

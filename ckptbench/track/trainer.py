@@ -128,7 +128,6 @@ class TrainerTracker(TrainerCallback):
         if figures:
             # Trainer's on_log clears the control's should_log: a measurement ending at a step the Trainer
             # is about to log must not take that step's loss out of the user's logs
-            control = self.trainer.control
-            should_log = control.should_log
+            should_log = self.trainer.control.should_log
             self.trainer.log(figures)
             self.trainer.control.should_log = should_log
