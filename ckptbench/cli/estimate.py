@@ -156,7 +156,8 @@ def _simulated_only(case) -> int:
     from ..theory.simulate import simulate
 
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                   device=case.device, setup=case.setup, recompute=case.recompute).to_dict()
+                   device=case.device, setup=case.setup, recompute=case.recompute,
+                   grad_accum=case.grad_accum).to_dict()
     from ..spec.case import not_analytic_because
 
     spec = case.model
@@ -209,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         from ..theory.simulate import simulate
 
         sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
-                       device=case.device, setup=case.setup, recompute=case.recompute).to_dict()
+                       device=case.device, setup=case.setup, recompute=case.recompute,
+                   grad_accum=case.grad_accum).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

@@ -20,9 +20,10 @@ import sys
 import tempfile
 import warnings
 
-NOISE = (re.compile(rb"^USDT:.*\bprofiler_(start|stop)\s*$"),
-         re.compile(rb"^\[W\d+ [\d:.]+ CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated before "
-                    rb"the profiling started"))
+RANK = rb"(?:\[rank\d+\]:)?"  # torch's prefix of a C++ warning under torchrun
+NOISE = (re.compile(rb"^" + RANK + rb"USDT:.*\bprofiler_(start|stop)\s*$"),
+         re.compile(rb"^" + RANK + rb"\[W\d+ [\d:.]+ CPUAllocator\.cpp:\d+\] Memory block of unknown size was "
+                    rb"allocated before the profiling started"))
 log = logging.getLogger("ckptbench")
 
 

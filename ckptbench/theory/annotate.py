@@ -91,9 +91,10 @@ def compiled_gates(m: dict) -> dict[str, int]:
             "memory_step_not_compiled": int(regions == 0)}
 
 
-def annotate_record(case: Case, record: dict) -> None:
+def annotate_record(case: Case, record: dict, *, by_simulation: bool = False) -> None:
     """Add ``estimate``, ``checks``, ``meters``, ``gates`` and ``verdict`` (pass / fail / unchecked; skip
-    when the point did not run) to a record in place."""
+    when the point did not run) to a record in place; `by_simulation` judges a one-process point against
+    its measurement's ``simulation`` even where the analytic estimate describes it."""
     if record["status"] != "ok":
         record["verdict"] = "skip"
         return
@@ -106,7 +107,7 @@ def annotate_record(case: Case, record: dict) -> None:
             "peak_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes")]
         record["estimate"], record["estimate_source"] = {}, "none"
         record["estimate_reason"] = COMPILED_UNCHECKED
-    elif not case.analytic:
+    elif not case.analytic or by_simulation:
         checks = simulation_checks(case, m, Tolerances.for_device(case.device))
         sim = m.get("simulation")
         record["estimate"] = sim or {}

@@ -19,7 +19,10 @@ differences are real tensors, so the simulation runs them too, each the way its 
   AdamW frees a parameter's ``denom`` only when the next parameter's replaces it, the parameter before
   the largest one *in its group* adds its size to the optimizer's peak.
 
-Gradient accumulation is not run here (one micro-batch), as in the rest of the simulation.
+With gradient accumulation the simulation runs each micro-batch; between them the manual loop keeps
+nothing of a loss (it was divided in the forward and freed), Accelerate's and the Trainer's loops a
+detached view of it (the loss they report is of every micro-batch); the Trainer fetches every
+micro-batch's ``input_ids`` and ``labels`` before the step's first forward.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from ..train.optimizers import build_optimizer
 
 
 class LoopStep:
-    def __init__(self, setup: Setup | None = None, device: str = "cpu"):
+    def __init__(self, setup: Setup | None = None, device: str = "cpu", grad_accum: int = 1):
         setup = setup or Setup()
         self.loop = setup.loop
+        self.grad_accum = grad_accum
         # torch's own AdamW picks its foreach kernels for parameters on CUDA: the simulation's parameters are
         # fake CPU tensors, so a CUDA point's plain ``adamw`` is simulated with the choice torch makes there
         self.optimizer_name = "adamw-foreach" if (setup.optimizer, device) == ("adamw", "cuda") else setup.optimizer
@@ -59,7 +63,10 @@ class LoopStep:
         # the shifted labels' count, divided by the ranks sharing the batch: an fp32 tensor, as the Trainer has it
         items = torch.tensor(ids.shape[0] * (ids.shape[1] - 1), dtype=torch.int64) / 1
         running = torch.zeros((), dtype=torch.float32)  # the running loss the Trainer adds each step to
-        return {"input_ids": ids, "labels": labels, "num_items_in_batch": items}, [ids, labels, items, running]
+        # the Trainer fetches every micro-batch of the optimizer step before its first forward
+        later = [t for _ in range(self.grad_accum - 1) for t in (ids.clone(), ids.clone())]
+        return ({"input_ids": ids, "labels": labels, "num_items_in_batch": items},
+                [ids, labels, items, running, *later])
 
     def loss(self, output_loss: torch.Tensor) -> torch.Tensor:
         """What the loop keeps of the forward.  Trainer's ``compute_loss`` scales the loss by the processes that
@@ -71,6 +78,10 @@ class LoopStep:
     def backward(self, loss: torch.Tensor, scaler=None) -> None:
         scaled = loss if self.loop == "manual" else loss / 1  # accelerate's division by the accumulation steps
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+    def between_micro_batches(self, loss: torch.Tensor) -> list:
+        """What the loop keeps of a micro-batch's loss once its backward is done and the next begins."""
+        return [] if self.loop == "manual" else [loss.detach()]
 
     def before_optimizer(self, model: torch.nn.Module, loss: torch.Tensor, scaler=None, optimizer=None) -> list:
         """What the loop still holds while the optimizer steps: Accelerate's loop its loss (the variable of

@@ -159,8 +159,11 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False,
-             setup: Setup | None = None, recompute: Recompute | None = None) -> SimResult:
-    """One forward + backward + optimizer step of the real model on fake CPU tensors, with exact live bytes.
+             setup: Setup | None = None, recompute: Recompute | None = None, grad_accum: int = 1) -> SimResult:
+    """One optimizer step of the real model on fake CPU tensors, with exact live bytes: `grad_accum`
+    forwards and backwards (the later ones start with every gradient of the first, which they accumulate
+    into; the loop keeps what it keeps of each micro-batch's loss, :class:`LoopStep`), then the optimizer.
+    The after-forward moment is the first micro-batch's, as the memory step marks it.
 
     Offload is emulated phase by phase for a CUDA device: a checkpointed layer's input leaves the device
     total when the layer's forward ends and comes back when backward reaches the layer, so the peak is
@@ -227,7 +230,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         # to_empty gives each module's parameter its own storage, which unties a tied LM head from the
         # embedding (two V·h tensors where the real model has one): tie them again as transformers does
         model.tie_weights()
-        around = LoopStep(setup, device)
+        around = LoopStep(setup, device, grad_accum)
         optimizer = around.optimizer(model, lr)
         init_optimizer_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
@@ -251,16 +254,25 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
             scaler.scale(torch.zeros(()))
         cast = (torch.autocast("cpu", dtype=AUTOCAST_DTYPES[autocast]) if autocast else contextlib.nullcontext())
         with LayerProbe(StorageSerials(), layers, on_phase=on_phase) as probe, tr, flops:
-            in_forward[0] = True
-            with cast:
-                loss = around.loss(model(**inputs).loss)
-            in_forward[0] = False
-            after_forward = tr.total
-            ckpt_bytes = sum(nbytes for _, nbytes in ckpt_inputs.values())
-            tr.phase = tr.moment = "backward-head"
-            flops.phase = "backward"
-            probe.in_backward = True
-            around.backward(loss, scaler)
+            kept = []  # what the loop holds of the micro-batches before the last
+            for micro in range(grad_accum):
+                tr.phase = tr.moment = "forward"
+                flops.phase = "forward"
+                probe.in_backward = False
+                in_forward[0] = True
+                with cast:
+                    loss = around.loss(model(**inputs).loss)
+                in_forward[0] = False
+                if micro == 0:
+                    after_forward = tr.total
+                    ckpt_bytes = sum(nbytes for _, nbytes in ckpt_inputs.values())
+                tr.phase = tr.moment = "backward-head"
+                flops.phase = "backward"
+                probe.in_backward = True
+                around.backward(loss, scaler)
+                if micro < grad_accum - 1:
+                    kept += around.between_micro_batches(loss)
+                    del loss
             held = around.before_optimizer(model, loss, scaler, optimizer)
             del loss
             tr.phase = tr.moment = flops.phase = "optimizer"
@@ -271,7 +283,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            del held
+            del held, kept
         for h in grad_hooks + handles:
             h.remove()
     offloaded = ckpt_bytes if offload else 0

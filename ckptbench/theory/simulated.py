@@ -37,6 +37,8 @@ def simulate_case(case: Case, simulate: Callable) -> dict:
     extra = {"recompute": case.recompute} if case.recompute != Recompute() else {}
     if case.recompute.sac:
         extra["count_flops"] = True
+    if case.grad_accum > 1:  # every micro-batch of the optimizer step
+        extra["grad_accum"] = case.grad_accum
     try:
         result = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                           lr=case.train.lr, device=case.device, setup=case.setup, **extra)
@@ -45,8 +47,6 @@ def simulate_case(case: Case, simulate: Callable) -> dict:
         return line
     line["simulated"] = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     line["wall_s"] = time.perf_counter() - t0
-    if case.grad_accum > 1:
-        line["reason"] = "one micro-batch simulated; gradient accumulation not modelled"
     return line
 
 

@@ -6,7 +6,9 @@ loops call them: the model's forward pre-hook (``forward_begin``), the backward 
 the forward is over, its outputs dropped; ``torch.autograd.backward`` and ``Accelerator.backward`` patched
 for the memory step only), the optimizer's step pre- and post-hooks (``optimizer_begin``,
 ``stop``, before ``zero_grad``).  Outside the memory step each hook returns at once; once the record is
-written every hook is removed.  The number of forwards in the first step is the gradient accumulation; the
+written every hook is removed.  The number of forwards in the first step is the gradient accumulation (under
+Accelerate's ``accumulate`` a ``t.step`` per micro-batch is one optimizer step until ``sync_gradients``
+says it stepped: the step, its timing and its memory are the optimizer step's, as the sweep's); the
 autocast a forward runs under (the plain loop's ``torch.autocast``, Accelerate's ``mixed_precision``) is
 the run's precision.
 """
@@ -17,8 +19,10 @@ import sys
 
 import torch
 
-from .inspect import causal_lm_refusal
-from .session import Session, TrackSetupError, contained, figures_of
+from .figures import figures_of
+from .held import OutputWatch
+from .inspect import causal_lm_refusal, unwrapped
+from .session import Session, TrackSetupError, contained
 
 AUTOCAST_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -80,12 +84,14 @@ class Tracker:
             precision = getattr(getattr(optimizer, "accelerator_state", None), "mixed_precision", "no")
             self.autocast = "" if precision in ("no", None) else str(precision)
         self.forwards = 0  # forwards in the current step
-        self.first_forwards = 0
         self.batch = None
         self.loss = None
         self.open = False
         self._pending = False
+        self._watch: OutputWatch | None = None
+        self._local_sgd_restore = None
         self._restore: list = []
+        self._watch_local_sgd()
         self._handles = [model.register_forward_pre_hook(self._forward_pre),
                          model.register_forward_hook(self._forward_post),
                          inner.register_step_pre_hook(self._optimizer_pre),
@@ -106,6 +112,7 @@ class Tracker:
         self.session.fail(exc, where)
         try:
             self._unpatch()
+            self._unwatch_local_sgd()
         finally:
             for handle in self._handles:
                 handle.remove()
@@ -114,9 +121,12 @@ class Tracker:
     # ---------------------------------------------------------------- the user's calls
     @contained(default=lambda self: _Step(self))
     def step(self, batch) -> _Step:
-        """Open an optimizer step on `batch` (a token tensor, or a mapping / sequence holding one)."""
+        """Open an optimizer step on `batch` (a token tensor, or a mapping / sequence holding one); under
+        Accelerate's ``accumulate``, a micro-batch that did not step the optimizer is continued instead."""
         if self.open:
             self.end_step()
+        if self.open:  # the optimizer step is still accumulating: this micro-batch is more of it
+            return _Step(self)
         self.open = True
         self.forwards = 0
         self.loss = None
@@ -128,9 +138,15 @@ class Tracker:
             self.session.start_memory(batch_tensors(batch))
         return _Step(self)
 
+    def accumulating(self) -> bool:
+        """Accelerate says the optimizer step is not over: ``accumulate`` set ``sync_gradients`` False for this
+        micro-batch, so the optimizer's step and ``zero_grad`` did nothing."""
+        state = getattr(self.optimizer, "gradient_state", None)
+        return state is not None and state.sync_gradients is False
+
     @contained()
-    def end_step(self) -> None:
-        if not self.open:
+    def end_step(self, *, last: bool = False) -> None:
+        if not self.open or (not last and self.accumulating()):
             return
         self.open = False
         session = self.session
@@ -139,6 +155,8 @@ class Tracker:
         if session.seen is None and session.schedule is not None:
             session.see(self.batch, autocast=self.autocast, grad_accum=max(1, self.forwards))
         loss, self.loss, self.batch = self.loss, None, None
+        if loss is not None and self.forwards > 1:
+            loss = loss / self.forwards  # the optimizer step's loss: the mean of its micro-batches'
         self._unpatch()
         session.end(loss)
         if session.done:
@@ -149,8 +167,9 @@ class Tracker:
         """End tracking: the open step ended, the record written (``skipped`` if the run was too short),
         every hook removed."""
         if self.open:
-            self.end_step()
+            self.end_step(last=True)
         self._unpatch()
+        self._unwatch_local_sgd()
         record = self.session.finish()
         for handle in self._handles:
             handle.remove()
@@ -187,12 +206,16 @@ class Tracker:
             self.loss = loss.detach() if self.loss is None else self.loss + loss.detach()
             return
         self._pending = True  # the forward is over: marked when the backward is asked for
+        if self.session.marks.micro == 0:
+            self._watch = OutputWatch(output, loss)  # does the loop keep it through the backward?
 
     @contained()
     def _backward_called(self) -> None:
         """The forward is over, its outputs dropped: a backward was asked for (before the loss is scaled)."""
         if self._pending and self.session.memory_step() and self.session.marks.active:
             self._pending = False
+            if self._watch is not None:
+                self.session.held_output_bytes, self._watch = self._watch.held(), None
             self.session.marks.forward_end()
 
     def _patch_backward(self) -> None:
@@ -218,6 +241,34 @@ class Tracker:
 
             accelerator.backward = accelerate_backward
             self._restore.append(lambda: setattr(accelerator, "backward", original_acc))
+
+    def _watch_local_sgd(self) -> None:
+        """Accelerate's ``LocalSGD`` over the tracked model says its K (``local_sgd_steps``) when it steps:
+        its ``step`` is wrapped while the tracker lives (the original runs first, unchanged)."""
+        if "accelerate" not in sys.modules:
+            return
+        from accelerate.local_sgd import LocalSGD
+
+        tracker, original = self, LocalSGD.step
+
+        def step(local_sgd, *args, **kwargs):
+            result = original(local_sgd, *args, **kwargs)
+            tracker._local_sgd_stepped(local_sgd)
+            return result
+
+        LocalSGD.step = step
+        self._local_sgd_restore = lambda: setattr(LocalSGD, "step", original)
+
+    @contained()
+    def _local_sgd_stepped(self, local_sgd) -> None:
+        model = getattr(local_sgd, "model", None)
+        if getattr(local_sgd, "enabled", False) and model is not None and unwrapped(model) is unwrapped(self.model):
+            self.session.local_sgd_steps = int(local_sgd.local_sgd_steps)
+
+    def _unwatch_local_sgd(self) -> None:
+        restore, self._local_sgd_restore = self._local_sgd_restore, None
+        if restore is not None:
+            restore()
 
     def _unpatch(self) -> None:
         while self._restore:

@@ -10,7 +10,8 @@ from what ckptbench expected of them:
   the embeddings' output require grad: the checkpointed blocks' parameters get no gradient;
 - ``peak-in-optimizer``: checkpointing is on, but the step's peak is the optimizer's, where no activation is
   live: checkpointing cannot lower it (it only costs recomputation);
-- ``offload-unpinned``: offload is on without pinned host memory: each copy is a synchronous pageable one.
+- ``offload-unpinned``: offload is on without pinned host memory: each copy is a synchronous pageable one;
+- ``output-held``: the loop keeps the model's output (its logits) through the backward (:mod:`.held`).
 """
 
 from __future__ import annotations
@@ -47,4 +48,9 @@ def mistakes(seen: Seen, record: dict) -> list[dict]:
         out.append({"name": "offload-unpinned", "line": (
             "offload is on without pinned host memory: every copy to and from the host is a synchronous "
             f"pageable copy{' (' + m['offload_note'] + ')' if m.get('offload_note') else ''}")})
+    held = m.get("loop_held_output_bytes")
+    if held:
+        out.append({"name": "output-held", "line": (
+            f"the loop keeps the model's output through the backward ({held / MIB:.2f} MiB, its logits): "
+            "take the loss alone (loss = model(**batch).loss) or del the output before the backward")})
     return out

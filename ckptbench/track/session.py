@@ -35,8 +35,10 @@ from ..store.records import RecordStore
 from ..store.validate import record_problem
 from ..theory.annotate import annotate_record
 from ..theory.checks import verdict
-from ..theory.ddp import bucket_bytes, ddp_rank_checks
+from ..theory.ddp import bucket_bytes, ddp_rank_checks, written_buckets
 from ..train.checkpointing import decoder_layers, pinned_memory_error
+from .figures import summary_line
+from .held import held_note, judge_with_held_output
 from .inspect import Seen, seen_run, unwrapped
 from .mistakes import mistakes
 
@@ -141,6 +143,8 @@ class Session:
         self.interrupted: str = ""  # the signal that ended the run while it was measured
         self._previous: dict[int, object] = {}  # the handlers the run had before measuring began
         self.k = 0  # optimizer steps seen
+        self.held_output_bytes = 0  # the model's output the loop kept through the memory step's backward
+        self.local_sgd_steps = 0  # K of an Accelerate LocalSGD over the tracked model, once it stepped
         self.t0 = time.time()
         if out is not None:
             writable_out(out)
@@ -236,6 +240,12 @@ class Session:
             self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
                                  grad_accum=grad_accum, train=self.train)
 
+    def case(self) -> Case:
+        """The run's Case: as its objects said at the first step, with the K of its LocalSGD (whose first
+        step may come after that step's end)."""
+        case = self.seen.case
+        return replace(case, local_sgd_steps=self.local_sgd_steps) if self.local_sgd_steps else case
+
     # ------------------------------------------------------------------ when ckptbench fails
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop tracking for good (the run itself goes on untouched): the probes stopped, one warning line
@@ -259,7 +269,7 @@ class Session:
     def _write_failed(self) -> None:
         if self.seen is None or self.out is None:
             return
-        case = self.seen.case
+        case = self.case()
         result = {"status": "failed", "reason": f"ckptbench.track stopped measuring: {self.failed}",
                   "device_env": device_environment(case.device), "wall_s": time.time() - self.t0}
         suite = Suite(name=f"{SUITE_PREFIX}:{self.name}", path="", cases=(case,))
@@ -279,7 +289,7 @@ class Session:
         ``skipped`` saying how far the run got."""
         if self.record is not None or self.failed or self.seen is None or self.out is None:
             return self.record
-        case = self.seen.case
+        case = self.case()
         schedule = self.schedule
         schedule.finish()
         needed = case.train.warmup_steps + case.train.memory_steps + 1
@@ -296,6 +306,8 @@ class Session:
                                                                              "model_build_s": None})
                 if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
                     measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
+                if self.held_output_bytes:
+                    judge_with_held_output(case, measurement, self.held_output_bytes)
                 result = {"status": "ok", "reason": "", "measurement": measurement}
             result["device_env"] = device_environment(case.device)
             result["wall_s"] = time.time() - self.t0
@@ -336,64 +348,25 @@ def annotate(case: Case, record: dict) -> None:
     plus DDP's gradient buckets (:mod:`ckptbench.theory.ddp`): the sweep's multi-rank points are judged on
     their collectives, which a tracked rank does not count."""
     if case.world_size > 1 and case.setup.sharding == "ddp":
-        annotate_record(replace(case, world_size=1), record)
+        annotate_record(replace(case, world_size=1, local_sgd_steps=0), record)
         buckets = (record.get("measurement") or {}).get("ddp_bucket_bytes")
         if buckets is None:
             return
-        ddp_rank_checks(record, buckets)
+        written = written_buckets(case, buckets)  # none under LocalSGD: its steps run under no_sync
+        ddp_rank_checks(record, written)
         record["checked_as"] = ("one rank's own step: the one-process estimate of the same setting plus DDP's "
-                                f"gradient buckets ({buckets:,} B), counted from the backward's first write")
+                                f"gradient buckets ({written:,} B), counted from the backward's first write")
         if record["status"] == "ok":
             record["verdict"] = verdict([SimpleNamespace(verdict=c["verdict"]) for c in record["checks"]],
                                         record.get("gates") or {})
         return
-    annotate_record(case, record)
+    held = (record.get("measurement") or {}).get("loop_held_output_bytes")
+    annotate_record(case, record, by_simulation=bool(held))
+    if held:
+        record["estimate_note"] = held_note(held)
 
 
 def _placeholder():
     from ..spec.case import preset
 
     return preset("llama-tiny")
-
-
-def figures_of(record: dict) -> dict[str, float]:
-    """What a tracked run hands to the user's own loggers (Trainer's ``report_to``, ``accelerator.log``):
-    keys under ``ckptbench/``; nothing for a record that measured nothing."""
-    m = record.get("measurement") or {}
-    if record.get("status") != "ok" or not m.get("peak_bytes"):
-        return {}
-    out = {"ckptbench/peak_gib": m["peak_bytes"] / 2**30, "ckptbench/step_s": m["step_time_median_s"],
-           "ckptbench/tokens_per_s": m["tokens_per_s"],
-           "ckptbench/checkpointed_layers": float(len(m.get("checkpointed_layers") or []))}
-    estimated = (record.get("estimate") or {}).get("peak_bytes")
-    if estimated:
-        out["ckptbench/peak_estimate_error"] = m["peak_bytes"] / estimated - 1
-    return {k: float(v) for k, v in out.items() if v is not None}
-
-
-def failing_named(record: dict) -> str:
-    """`` (failing: q1, meters.q2, gate g)`` for a record whose verdict is fail: every check, meter check and
-    gate behind it, by name; empty otherwise."""
-    if record.get("verdict") != "fail":
-        return ""
-    names = [c.get("quantity") for c in record.get("checks") or [] if c.get("verdict") == "fail"]
-    names += [f"meters.{c.get('quantity')}" for c in (record.get("meters") or {}).get("checks") or []
-              if c.get("verdict") == "fail"]
-    names += [f"gate {g}" for g, v in (record.get("gates") or {}).items() if v]
-    return f" (failing: {', '.join(dict.fromkeys(str(n) for n in names))})" if names else ""
-
-
-def summary_line(record: dict, path: str) -> str:
-    """What a tracked run prints when its record is written: the peak, its phase, the verdict, each mistake."""
-    m = record.get("measurement") or {}
-    lines = [f"ckptbench: {record['strategy']} · batch {record['case']['batch_size']} · seq "
-             f"{record['case']['seq_len']}: {record['status']}"]
-    if record["status"] == "ok":
-        lines[0] += (f", peak {m['peak_bytes'] / 2**20:.2f} MiB ({m.get('peak_phase')}), after forward "
-                     f"{m['mem_after_forward_bytes'] / 2**20:.2f} MiB, step {m['step_time_median_s'] * 1e3:.1f} ms, "
-                     f"verdict {record.get('verdict')}{failing_named(record)} -> {path}")
-    else:
-        lines[0] += f": {record.get('reason')}"
-    lines += [f"ckptbench: mistake: {x['line']}" for x in (record.get("track") or {}).get("mistakes", [])]
-    return "\n".join(lines)
-

@@ -15,8 +15,9 @@ from transformers import Trainer, TrainerCallback
 
 from ..spec.training import TrainSpec
 from ..train.trainer_probes import instrument, probes_callback
+from .figures import figures_of
 from .inspect import causal_lm_refusal
-from .session import Session, TrackSetupError, contained, figures_of
+from .session import Session, TrackSetupError, contained
 
 
 def calling_trainer() -> Trainer | None:

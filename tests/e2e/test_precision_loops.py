@@ -159,3 +159,17 @@ def test_fp16_mixed_simulates_fp32_state_and_its_scaler():
     bf16 = _simulated(_case("llama-tiny", "bf16-mixed", "manual", 1))
     assert (fp16.params_bytes, fp16.optimizer_bytes) == (bf16.params_bytes, bf16.optimizer_bytes)
     assert fp16.peak_phase == bf16.peak_phase
+
+
+@pytest.mark.parametrize("loop", ["manual", "accelerate", "trainer"])
+@pytest.mark.parametrize("grad_accum", [2, 3])
+def test_gradient_accumulation_is_simulated_micro_batch_by_micro_batch_to_the_byte(loop, grad_accum):
+    """Every micro-batch of the optimizer step is simulated: the later ones start with all the gradients
+    the first made (the peak moves to the last layer's backward, full checkpointing), the Trainer fetches
+    every micro-batch before the first forward, Accelerate's and the Trainer's loops keep each loss."""
+    case = replace(_case("llama-tiny", "fp32", loop, 1, seq=64), grad_accum=grad_accum)
+    m = measure(case)
+    sim = simulate(case.model, case.batch_size, case.seq_len, 1, setup=case.setup, grad_accum=grad_accum)
+    assert {q: m[q] for q in QUANTITIES} == {q: getattr(sim, q) for q in QUANTITIES}
+    one = simulate(case.model, case.batch_size, case.seq_len, 1, setup=case.setup)
+    assert sim.peak_bytes > one.peak_bytes  # what one micro-batch's simulation left out

@@ -56,7 +56,7 @@ def test_batch_shape_from_a_tensor_a_mapping_or_a_sequence():
 
 def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_the_report():
     from ckptbench.report.columns import with_meters
-    from ckptbench.track.session import failing_named
+    from ckptbench.track.figures import failing_named
 
     record = {"verdict": "fail", "checks": [{"quantity": "peak_bytes", "verdict": "pass"}],
               "meters": {"checks": [{"quantity": "allocator_vs_tracker_bytes", "verdict": "fail"}]},
