@@ -78,7 +78,7 @@ def add_precision_flags(p) -> None:
                    help="with --lora: the modules to adapt (default: peft's choice for the model type)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="adamw (default: torch's AdamW), adamw-foreach, adamw-loop, sgd (momentum 0.9), "
-                        "adafactor (transformers'), adamw-8bit (bitsandbytes)")
+                        "adafactor (transformers'), adamw-8bit (bitsandbytes), adamw-fused (AdamW(fused=True))")
 
 
 def _rank(text: str) -> int:

@@ -103,6 +103,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "est_optimizer": ("estimate.optimizer_bytes", "num"),
     "checks": ("checks", "obj"),
     "meter_checks": ("meters.checks", "obj"),  # the two memory meters' agreement, shown as checks "meters.<q>"
+    "gates": ("gates", "obj"),  # what fails a record beside its checks, shown as checks "gate.<name>"
 }
 
 # Fields of one entry of record["checks"].
@@ -177,11 +178,15 @@ def record_frame(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()}) if n else pd.DataFrame()
 
 
-def with_meters(checks, meter_checks):
-    """A record's checks, then its meters' checks named ``meters.<quantity>`` (what its verdict counts)."""
-    if not isinstance(meter_checks, list) or not meter_checks:
+def with_meters(checks, meter_checks, gates=None):
+    """A record's checks, then its meters' checks named ``meters.<quantity>`` and each gate that is set,
+    as a failing check named ``gate.<name>`` (what its verdict counts, every one named)."""
+    extra = [{**c, "quantity": f"meters.{c.get('quantity')}"} for c in meter_checks or () if isinstance(c, dict)]
+    if isinstance(gates, dict):
+        extra += [{"quantity": f"gate.{g}", "measured": v, "estimated": 0, "ratio": None, "tolerance": 0.0,
+                   "verdict": "fail", "difference": v} for g, v in gates.items() if v]
+    if not extra:
         return checks
-    extra = [{**c, "quantity": f"meters.{c.get('quantity')}"} for c in meter_checks if isinstance(c, dict)]
     return (checks if isinstance(checks, list) else []) + extra
 
 
@@ -201,9 +206,9 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
             out[short] = np.array([bool(v) if not _missing(v) else False for v in col], dtype=bool)
         else:
             out[short] = [None if _missing(v) else v for v in col]
-    # a record's verdict counts its meters' checks: the report and the CSV list them beside the estimate's,
-    # so every fail names its check
-    out["checks"] = [with_meters(c, m) for c, m in zip(out["checks"], out["meter_checks"])]
+    # a record's verdict counts its meters' checks and its gates: the report and the CSV list them beside
+    # the estimate's, so every fail names its check
+    out["checks"] = [with_meters(c, m, g) for c, m, g in zip(out["checks"], out["meter_checks"], out["gates"])]
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
     out["precision"] = [precision_name(dt, ac) for ac, dt in zip(out["autocast"], out["dtype"])]
     out["loop"] = [loop or "manual" for loop in out["loop"]]

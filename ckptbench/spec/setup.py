@@ -24,8 +24,9 @@ SHARDINGS = ("ddp", "fsdp")
 # adamw: torch.optim.AdamW with torch's own default (the foreach implementation on CUDA, the per-parameter
 # loop on CPU); adamw-foreach / adamw-loop: foreach=True / False stated; sgd: torch.optim.SGD with momentum
 # 0.9; adafactor: transformers.optimization.Adafactor (factored second moments, no first moment);
-# adamw-8bit: bitsandbytes' AdamW8bit (8-bit blockwise moments), where bitsandbytes runs
-OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-loop", "sgd", "adafactor", "adamw-8bit")
+# adamw-8bit: bitsandbytes' AdamW8bit (8-bit blockwise moments), where bitsandbytes runs; adamw-fused:
+# AdamW(fused=True), what Trainer's default optim (adamw_torch_fused) builds
+OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-loop", "sgd", "adafactor", "adamw-8bit", "adamw-fused")
 LORA_QUANTIZE = ("", "nf4")  # "": the frozen base in the model's dtype; "nf4": QLoRA's 4-bit base
 
 

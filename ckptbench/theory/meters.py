@@ -17,6 +17,17 @@ instructions (``avx512_bf16``) pads a narrow inner dimension: (64, 8, 64): 21,50
 (each operand and the output in fp32, as such a kernel may widen them), so one call's scratch of the
 step's widest shapes is allowed on top.
 
+``sdpa`` on a CPU runs torch's flash-attention kernel, whose per-thread buffers are allocated below the
+dispatcher too (fp32 accumulators; q and kv are cut into blocks of ``qs = min(32 | 64 | 256, S)`` rows
+(S < 192 | < 768 | longer) and ``kvs = min(512, S)``): the forward's ``T·(qs·kvs + 2·qs + qs·D)·4`` B,
+``T·qs·kvs·e`` more for 16-bit inputs (e bytes an element); the backward's ``T·2·qs·kvs·4 + qs·4`` B,
+``T·2·qs·kvs·e`` more for 16-bit inputs, with T the threads and D the head dimension.  Measured alone
+(fp32 and bf16; 1 and 2 threads; S 64, 300, 1024; D 64, 128) the forward's is the formula to the byte,
+the backward's the formula beside one buffer the size of the output, which the tracker sees.  One call's
+(the larger of the two) is allowed on top: a run_clm-shaped llama with head_dim 128 (a width its hidden
+size of 64 does not give) has its peak inside the attention's backward, 16,512 B per thread beyond the
+tracker (``tests/e2e/test_track.py``).
+
 CUDA — the allocator's reserved blocks at the end of the step against the driver's count of this
 process (NVML), which adds the CUDA context and library workspaces (cuBLAS, cuDNN): ``0 ≤ NVML −
 reserved ≤ 3 GiB``.  The difference is stated as ``cuda_context_bytes``.
@@ -57,14 +68,34 @@ def bf16_matmul_scratch_bound(case: Case) -> int:
     return BF16_SCRATCH_PER_ELEMENT * (tokens * spec.hidden + spec.hidden * widest + tokens * widest) + BF16_SCRATCH_FIXED
 
 
+def flash_attention_cpu_buffers(seq: int, head_dim: int, threads: int, element: int = 0) -> tuple[int, int]:
+    """(forward, backward) bytes of torch's CPU flash-attention kernel's own buffers for one call (see the
+    module's text); `element` is the bytes of an input element when the inputs are 16-bit, else 0."""
+    qs = min(256 if seq >= 768 else 64 if seq >= 192 else 32, seq)
+    kvs = min(512, seq)
+    forward = threads * ((qs * kvs + 2 * qs + qs * head_dim) * 4 + qs * kvs * element)
+    backward = threads * (2 * qs * kvs * 4 + 2 * qs * kvs * element) + qs * 4
+    return forward, backward
+
+
+def sdpa_cpu_scratch_bound(case: Case, threads: int) -> int:
+    """One CPU flash-attention call's buffers below the dispatcher: the larger of its forward's and its
+    backward's, for `threads` threads; 0 for another attention or device."""
+    if case.device != "cpu" or case.model.attn != "sdpa":
+        return 0
+    head_dim = int(case.model.config_extra.get("head_dim") or case.model.head_dim)  # a config's own width
+    element = 2 if case.compute_dtype in ("bf16", "fp16") else 0
+    return max(flash_attention_cpu_buffers(case.seq_len, head_dim, max(1, int(threads)), element))
+
+
 def meter_checks(case: Case, m: dict) -> list[Check]:
     if case.device == "cuda":
         return [_within("nvml_process_vs_reserved_bytes", m.get("nvml_process_used_bytes"),
                         m.get("cuda_reserved_at_stop_bytes"), CUDA_CONTEXT_BOUND)]
     start, peak = m.get("tracked_start_bytes"), m.get("tracked_resident_peak_bytes")
     tracked = None if start is None or peak is None else peak - start
-    allowance = (len(case.checkpointed_layers) * RNG_STATE_BOUND + SCALARS_BOUND
-                 + bf16_matmul_scratch_bound(case))
+    allowance = (len(case.checkpointed_layers) * RNG_STATE_BOUND + SCALARS_BOUND + bf16_matmul_scratch_bound(case)
+                 + sdpa_cpu_scratch_bound(case, m.get("threads") or case.train.threads))
     return [_within("allocator_vs_tracker_bytes", m.get("allocator_growth_bytes"), tracked, allowance)]
 
 

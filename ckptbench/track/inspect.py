@@ -131,7 +131,8 @@ def optimizer_setting(optimizer) -> tuple[str, float, str]:
     module = cls.__module__.rsplit(".", 1)[0] if cls.__module__.startswith("torch.optim") else cls.__module__
     module = "torch.optim" if module.startswith("torch.optim") else module
     foreach = inner.defaults.get("foreach") if cls.__name__ == "AdamW" else None
-    name = OPTIMIZER_NAMES.get((module, cls.__name__, foreach))
+    fused = cls.__name__ == "AdamW" and bool(inner.defaults.get("fused"))
+    name = "adamw-fused" if fused and module == "torch.optim" else OPTIMIZER_NAMES.get((module, cls.__name__, foreach))
     lr = float(inner.param_groups[0]["lr"]) if inner.param_groups else 0.0
     if cls.__name__ == "SGD" and inner.defaults.get("momentum") != 0.9:
         return "sgd", lr, f"SGD with momentum {inner.defaults.get('momentum')} (the Case says 0.9)"

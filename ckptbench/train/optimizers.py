@@ -16,7 +16,9 @@ and settings through Trainer's own ``get_optimizer_cls_and_kwargs``.
 - ``adafactor``: ``transformers.optimization.Adafactor`` with what Trainer's ``optim="adafactor"`` passes:
   the learning rate, ``scale_parameter=False, relative_step=False``;
 - ``adamw-8bit``: bitsandbytes' ``AdamW8bit`` (Trainer: ``optim="adamw_bnb_8bit"``), where bitsandbytes is
-  importable; elsewhere the point is refused with the reason (:func:`optimizer_refusal`).
+  importable; elsewhere the point is refused with the reason (:func:`optimizer_refusal`);
+- ``adamw-fused``: ``AdamW(fused=True)``, one fused kernel per parameter group and dtype (Trainer:
+  ``optim="adamw_torch_fused"``, ``TrainingArguments``' default in transformers 5).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ OPTIMIZER_CLASSES: dict[str, tuple[str, str, dict]] = {
     "sgd": ("torch.optim", "SGD", {"momentum": 0.9}),
     "adafactor": ("transformers.optimization", "Adafactor", {"scale_parameter": False, "relative_step": False}),
     "adamw-8bit": ("bitsandbytes.optim", "AdamW8bit", {}),
+    "adamw-fused": ("torch.optim", "AdamW", {"fused": True}),
 }
 assert tuple(OPTIMIZER_CLASSES) == OPTIMIZERS
 
@@ -48,6 +51,7 @@ TRAINER_OPTIM: dict[str, tuple[str, str | None] | None] = {
     "sgd": ("sgd", "momentum=0.9"),
     "adafactor": ("adafactor", None),
     "adamw-8bit": ("adamw_bnb_8bit", None),
+    "adamw-fused": ("adamw_torch_fused", None),
 }
 
 
@@ -117,7 +121,9 @@ def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict:
            "settings": {k: _plain(v) for k, v in sorted(inner.defaults.items())},
            "param_groups": len(inner.param_groups),
            "params": sum(len(g["params"]) for g in inner.param_groups)}
-    if "foreach" in inner.defaults:
+    if inner.defaults.get("fused"):
+        out["implementation"] = "fused"
+    elif "foreach" in inner.defaults:
         foreach = inner.defaults["foreach"]
         if foreach is None:
             from torch.optim.optimizer import _default_to_fused_or_foreach

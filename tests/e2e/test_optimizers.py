@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 QUANTITIES = ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes",
               "peak_bytes", "peak_phase", "checkpointed_input_bytes")
 CLASSES = {"adamw-loop": "torch.optim.adamw.AdamW", "adamw-foreach": "torch.optim.adamw.AdamW",
+           "adamw-fused": "torch.optim.adamw.AdamW",
            "sgd": "torch.optim.sgd.SGD", "adafactor": "transformers.optimization.Adafactor"}
 
 
@@ -38,7 +39,7 @@ def _judged(case: Case, m: dict) -> dict:
 
 
 GRID = [(precision, optimizer, every_n) for precision in ("fp32", "bf16-mixed")
-        for optimizer in ("adamw-loop", "adamw-foreach", "sgd", "adafactor") for every_n in (0, 1)]
+        for optimizer in ("adamw-loop", "adamw-foreach", "adamw-fused", "sgd", "adafactor") for every_n in (0, 1)]
 
 
 @pytest.mark.parametrize("point", covering(GRID, unpack=False), ids=lambda p: "-".join(map(str, p)))
@@ -53,9 +54,10 @@ def test_measured_step_equals_the_predicted_one_to_the_byte(point):
     assert ran["class"] == CLASSES[case.setup.optimizer]
     if case.setup.optimizer.startswith("adamw"):
         assert ran["implementation"] == case.setup.optimizer.split("-")[1]
-        assert ran["settings"]["foreach"] is (case.setup.optimizer == "adamw-foreach")
+        assert ran["settings"]["foreach"] is {"adamw-foreach": True, "adamw-loop": False}.get(case.setup.optimizer)
+        assert bool(ran["settings"]["fused"]) is (case.setup.optimizer == "adamw-fused")
     record = _judged(case, m)
-    source = "analytic" if case.setup.optimizer != "adafactor" else "simulation"
+    source = "simulation" if case.setup.optimizer in ("adafactor", "adamw-fused") else "analytic"
     assert record["estimate_source"] == source and record["verdict"] == "pass", record["checks"]
     if source == "analytic":
         est = record["estimate"]

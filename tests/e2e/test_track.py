@@ -83,16 +83,27 @@ def test_accelerate_lora_example_is_the_sweeps_point_to_the_byte(tmp_path):
     assert_same_memory(record)
 
 
-def test_run_clm_shaped_script_gets_a_record_and_a_report(tmp_path):
+HEAD_DIM_128 = ("hidden_size=256,num_hidden_layers=2,num_attention_heads=2,num_key_value_heads=2,"
+                "intermediate_size=512,vocab_size=256")
+
+
+@pytest.mark.parametrize("overrides", [None, HEAD_DIM_128], ids=["script-default", "head-dim-128"])
+def test_run_clm_shaped_script_gets_a_record_and_a_report(tmp_path, overrides):
     out = tmp_path / "clm"
     script = ROOT / "tests" / "e2e" / "track_scripts" / "run_clm_like.py"
     done = subprocess.run([sys.executable, str(script), "--output_dir", str(tmp_path / "trainer"),
-                           "--ckptbench_out", str(out), "--max_steps", "8"],
+                           "--ckptbench_out", str(out), "--max_steps", "8",
+                           *(["--config_overrides", overrides] if overrides else [])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = load_records(str(out)).records
     assert [r["status"] for r in records] == ["ok"]
     assert records[0]["case"]["every_n_layers"] == 1 and records[0]["track"]["use_reentrant"] is False
+    # TrainingArguments' default optim (adamw_torch_fused) is the fused AdamW, named and judged as what ran:
+    # named the per-parameter AdamW, the head-dim-128 point's peak had been put in the optimizer step
+    assert records[0]["case"]["setup"]["optimizer"] == "adamw-fused"
+    assert records[0]["measurement"]["optimizer"]["implementation"] == "fused"
+    assert records[0]["verdict"] == "pass", records[0]["checks"]
     report = subprocess.run([sys.executable, "-m", "ckptbench", "report", str(out), "-o",
                              str(tmp_path / "report.html")], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-3000:]

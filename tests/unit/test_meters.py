@@ -144,3 +144,28 @@ def test_a_block_from_an_earlier_profiled_step_freed_in_this_one_is_left_out_and
     assert meter.growth == 32_768 - 16_384  # with the stray free counted it would be 0 (-81,920 + 32,768)
     assert meter.result()["allocator_unlisted_frees_bytes"] == 65_536
     del made
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seq, head_dim", [(64, 128), (300, 64)])
+def test_the_cpu_flash_attention_buffers_are_the_allocators_view_of_one_forward(dtype, threads, seq, head_dim):
+    """The forward's buffers (torch's kernel, below the dispatcher) as the allocator meter counts them:
+    its growth over the call beyond the output and the log-sum-exp, to the byte."""
+    from ckptbench.measure.allocator import AllocatorMeter
+    from ckptbench.theory.meters import flash_attention_cpu_buffers
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v = (torch.randn(2, 4, seq, head_dim, dtype=dtype) for _ in range(3))
+        meter = AllocatorMeter()
+        meter.start()
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        meter.stop()
+    finally:
+        torch.set_num_threads(before)
+    element = 2 if dtype == torch.bfloat16 else 0
+    lse = 2 * 4 * seq * 4
+    assert meter.growth - out.numel() * out.element_size() - lse == flash_attention_cpu_buffers(
+        seq, head_dim, threads, element)[0]

@@ -63,6 +63,7 @@ def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_t
               "gates": {"meters_disagree": 1}}
     assert failing_named(record) == " (failing: meters.allocator_vs_tracker_bytes, gate meters_disagree)"
     assert failing_named({**record, "verdict": "pass"}) == ""
-    merged = with_meters(record["checks"], record["meters"]["checks"])
-    assert [c["quantity"] for c in merged] == ["peak_bytes", "meters.allocator_vs_tracker_bytes"]
-    assert with_meters(record["checks"], None) is record["checks"]
+    merged = with_meters(record["checks"], record["meters"]["checks"], record["gates"])
+    assert [(c["quantity"], c["verdict"]) for c in merged] == [
+        ("peak_bytes", "pass"), ("meters.allocator_vs_tracker_bytes", "fail"), ("gate.meters_disagree", "fail")]
+    assert with_meters(record["checks"], None, {"meters_disagree": 0}) is record["checks"]
