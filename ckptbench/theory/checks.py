@@ -162,11 +162,14 @@ def attention_implementation_check(case: Case, m: dict) -> Check:
 # What the builder sets whatever the config says (no KV cache, the Case's dtype; dropout 0 when the Case
 # says dropout "off"): a difference there is the Case's stated choice, not a request it lost.
 BUILDER_KEYS = ("dtype", "torch_dtype", "use_cache")
+# Token ids a tokenizer gives (a user's run sets pad_token_id to its tokenizer's): no shape, no memory, no
+# step the Case describes changes with them, so a tracked run's own are no difference
+TOKEN_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
 _ABSENT = "<absent>"
 
 
 def _set_by_builder(key: str, built, dropout_off: bool) -> bool:
-    return key in BUILDER_KEYS or (dropout_off and ("dropout" in key or key.endswith("pdrop")) and built == 0)
+    return key in BUILDER_KEYS or key in TOKEN_KEYS or (dropout_off and ("dropout" in key or key.endswith("pdrop")) and built == 0)
 
 
 def config_differences(requested: dict, built: dict, prefix: str = "", dropout_off: bool = True) -> list[str]:

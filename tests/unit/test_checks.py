@@ -108,3 +108,12 @@ def test_a_bound_of_whole_bytes_is_met_at_the_bound():
     assert judge("peak_breakdown.params", 501_313, 427_328, 73_984 / 427_328).verdict == "fail"
     assert judge("peak_breakdown.params", 353_344, 427_328, 73_984 / 427_328).verdict == "pass"
     assert judge("peak_breakdown.params", 353_343, 427_328, 73_984 / 427_328).verdict == "fail"
+
+
+def test_token_ids_are_no_config_difference_but_a_dimension_is():
+    from ckptbench.theory.checks import config_differences
+
+    requested = {"hidden_size": 64, "pad_token_id": None, "bos_token_id": 1}
+    built = {"hidden_size": 64, "pad_token_id": 0, "bos_token_id": 128000}  # a user's tokenizer's ids
+    assert config_differences(requested, built) == []
+    assert config_differences(requested, {**built, "hidden_size": 128}) == ["hidden_size"]
