@@ -164,6 +164,12 @@ def batch_shape(batch) -> tuple[int, int]:
     raise TypeError(f"cannot read a batch size and sequence length from a {type(batch).__name__}")
 
 
+def padding_tokens(batch) -> int:
+    """Tokens a batch's ``attention_mask`` marks as padding (0 without a mask)."""
+    mask = batch.get("attention_mask") if isinstance(batch, dict) or hasattr(batch, "keys") else None
+    return int((mask == 0).sum()) if isinstance(mask, torch.Tensor) else 0
+
+
 def world_size() -> int:
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

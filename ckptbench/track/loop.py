@@ -22,7 +22,8 @@ import torch
 from .figures import figures_of
 from .held import OutputWatch
 from .inspect import causal_lm_refusal, unwrapped
-from .session import Session, TrackSetupError, contained
+from .out import TrackSetupError
+from .session import Session, contained
 
 AUTOCAST_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -133,6 +134,7 @@ class Tracker:
         if not self.session.done:
             self.batch = batch
             self.session.begin(self.model, self.optimizer)
+            self.session.note_batch(batch)
             if self.session.memory_step():
                 self._patch_backward()
             self.session.start_memory(batch_tensors(batch))

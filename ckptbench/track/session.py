@@ -39,51 +39,12 @@ from ..theory.ddp import bucket_bytes, ddp_rank_checks, written_buckets
 from ..train.checkpointing import decoder_layers, pinned_memory_error
 from .figures import summary_line
 from .held import held_note, judge_with_held_output
-from .inspect import Seen, seen_run, unwrapped
+from .inspect import Seen, batch_shape, padding_tokens, seen_run, unwrapped
 from .mistakes import mistakes
+from .out import notes_on_stderr, rank, rank_dir, writable_out
 
 SUITE_PREFIX = "track"
 log = logging.getLogger("ckptbench")
-
-
-class _Stderr(logging.Handler):
-    """The ``ckptbench`` logger's own lines on the stderr of the moment (a test's capture included), as
-    written: ckptbench's one-line notes are the only lines a tracked run adds to the terminal."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-        except Exception:  # noqa: BLE001 (a closed stderr is not the run's end)
-            pass
-
-
-def notes_on_stderr() -> None:
-    """Give the ``ckptbench`` logger a stderr handler at INFO unless the user configured it (or one was
-    given already); ``logging.getLogger("ckptbench").setLevel(logging.WARNING)`` keeps only the warnings."""
-    if not log.handlers:
-        log.addHandler(_Stderr())
-        log.propagate = False
-    if log.level == logging.NOTSET:
-        log.setLevel(logging.INFO)
-
-
-class TrackSetupError(ValueError):
-    """What the tracker can check before the run starts and found wrong: raised when it is made, never later."""
-
-
-def writable_out(out: str) -> None:
-    """`out` (this rank's directory of it) exists or can be made, and a file can be written there; else
-    :class:`TrackSetupError`, one line naming the directory and why."""
-    where = rank_dir(out)
-    try:
-        os.makedirs(where, exist_ok=True)
-        probe = os.path.join(where, f".ckptbench-write-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.unlink(probe)
-    except OSError as exc:
-        raise TrackSetupError(f"ckptbench.track: out={out!r}: cannot write in {where}: "
-                              f"{exc.strerror or exc}") from None
 
 
 def contained(default=None):
@@ -111,18 +72,6 @@ class _Loop:
         self.checkpointing_api = checkpointing_api
 
 
-def rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", 0))
-
-
-def rank_dir(out: str) -> str:
-    """Where this process writes: `out` on rank 0 (or without ranks), ``out/rank-<r>`` on the others, so
-    each rank's record is one of its own directory's."""
-    r = rank()
-    return out if r == 0 else os.path.join(out, f"rank-{r}")
-
-
 class Session:
     """The schedule and record of one tracked run (see the module's text).  The loops' hooks call
     :meth:`begin` and :meth:`end` around each optimizer step; :attr:`marks` is the memory step's probes."""
@@ -145,6 +94,9 @@ class Session:
         self.k = 0  # optimizer steps seen
         self.held_output_bytes = 0  # the model's output the loop kept through the memory step's backward
         self.local_sgd_steps = 0  # K of an Accelerate LocalSGD over the tracked model, once it stepped
+        self.shapes: dict[str, int] = {}  # "BxS" of each optimizer step's batch -> the steps that had it
+        self.memory_shape: tuple[int, int] | None = None  # the memory step's (batch, sequence)
+        self.memory_padding = 0  # tokens its attention_mask marks as padding
         self.t0 = time.time()
         if out is not None:
             writable_out(out)
@@ -240,11 +192,40 @@ class Session:
             self.seen = seen_run(self.model, self.optimizer, batch, loop=self.loop, autocast=autocast,
                                  grad_accum=grad_accum, train=self.train)
 
+    def note_batch(self, batch) -> None:
+        """An optimizer step's (first) batch: its shape counted; the memory step's is the Case's, its
+        attention mask's padding said (a run with dynamic padding has as many shapes as lengths)."""
+        if self.done or self.schedule is None:
+            return
+        size, seq = batch_shape(batch)
+        self.shapes[f"{size}x{seq}"] = self.shapes.get(f"{size}x{seq}", 0) + 1
+        if self.memory_step():
+            self.memory_shape, self.memory_padding = (size, seq), padding_tokens(batch)
+
     def case(self) -> Case:
-        """The run's Case: as its objects said at the first step, with the K of its LocalSGD (whose first
-        step may come after that step's end)."""
+        """The run's Case: as its objects said at the first step, at the memory step's batch shape, with the
+        K of its LocalSGD (whose first step may come after that step's end)."""
         case = self.seen.case
+        if self.memory_shape:
+            case = replace(case, batch_size=self.memory_shape[0], seq_len=self.memory_shape[1])
         return replace(case, local_sgd_steps=self.local_sgd_steps) if self.local_sgd_steps else case
+
+    def batch_facts(self) -> dict:
+        """The record's ``track.batches`` and the lines of ``track.unknown`` the batches call for."""
+        lines = []
+        if len(self.shapes) > 1:
+            lines.append(f"the steps' batches had {len(self.shapes)} shapes (dynamic padding): the Case and its "
+                         "memory are the memory step's batch, the step time the median over all of them")
+        if self.memory_padding:
+            lines.append(f"the memory step's attention_mask pads {self.memory_padding} tokens: the model "
+                         "computes with the mask, which the Case does not model (its estimate is unpadded)")
+        memory = list(self.memory_shape) if self.memory_shape else None
+        return {"batches": {"memory": memory, "shapes": dict(self.shapes)}, "unknown_batches": lines}
+
+    def track_facts(self) -> dict:
+        facts, batches = self.seen.facts(), self.batch_facts()
+        facts["unknown"] = facts["unknown"] + batches["unknown_batches"]
+        return {**facts, "batches": batches["batches"], "rank": rank(), "steps_seen": self.k}
 
     # ------------------------------------------------------------------ when ckptbench fails
     def fail(self, exc: BaseException, where: str) -> None:
@@ -276,7 +257,7 @@ class Session:
         record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)
         record.pop("harness_parts", None)
-        record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k, "mistakes": []}
+        record["track"] = {**self.track_facts(), "mistakes": []}
         if record_problem(record) is None:
             store = RecordStore(rank_dir(self.out))
             store.ensure()
@@ -315,7 +296,7 @@ class Session:
             record = make_record(suite, case, result, host_part(), annotate)
         record.pop("harness_ratio", None)  # the user's run is not the harness's: its wall is theirs
         record.pop("harness_parts", None)
-        record["track"] = {**self.seen.facts(), "rank": rank(), "steps_seen": self.k,
+        record["track"] = {**self.track_facts(),
                            "mistakes": mistakes(self.seen, record) if record["status"] == "ok" else [],
                            "interrupted_by": self.interrupted or None}
         problem = record_problem(record)

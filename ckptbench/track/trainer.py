@@ -17,7 +17,8 @@ from ..spec.training import TrainSpec
 from ..train.trainer_probes import instrument, probes_callback
 from .figures import figures_of
 from .inspect import causal_lm_refusal
-from .session import Session, TrackSetupError, contained
+from .out import TrackSetupError
+from .session import Session, contained
 
 
 def calling_trainer() -> Trainer | None:
@@ -87,6 +88,8 @@ class TrainerTracker(TrainerCallback):
         if self.session.seen is None and self.fetched:
             autocast = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
             self.session.see(self.fetched[0], autocast=autocast, grad_accum=args.gradient_accumulation_steps)
+        if self.fetched:
+            self.session.note_batch(self.fetched[0])
         self.probes.on_step_begin(args, state, control, **kw)
 
     @contained()

@@ -157,3 +157,39 @@ def test_torchrun_example_writes_one_record_per_rank(tmp_path):
     assert flat["peak_bytes_per_rank"] == [tracked["peak_bytes"] + 4] * 2
     assert flat["peak_breakdown"] == {**tracked["peak_breakdown"],
                                       "activations": tracked["peak_breakdown"]["activations"] + 4}
+
+
+def test_dynamic_padding_records_the_batches_measured_and_the_mask_it_does_not_model(tmp_path):
+    """Batches padded to their longest row (the warm-up 40 tokens, every later step 64, the memory step's
+    mask padding 10 of them): the Case is the memory step's batch, each shape counted, both named."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ckptbench.track import track
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                  max_position_embeddings=256, tie_word_embeddings=False, use_cache=False)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def padded(length: int, pad: int) -> dict:
+        ids = torch.randint(0, 256, (2, length))
+        mask = torch.ones(2, length, dtype=torch.long)
+        mask[1, length - pad:] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    batches = [padded(40, 0)] + [padded(64, 10) for _ in range(7)]
+    with track(model, optimizer, out=str(tmp_path), echo=False) as t:
+        for batch in batches:
+            with t.step(batch):
+                model(**batch).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    record = t.record
+    assert record["status"] == "ok"
+    assert (record["case"]["batch_size"], record["case"]["seq_len"]) == (2, 64)
+    seen = record["track"]["batches"]
+    assert seen["memory"] == [2, 64] and seen["shapes"]["2x40"] == 1 and set(seen["shapes"]) == {"2x40", "2x64"}
+    unknown = " ".join(record["track"]["unknown"])
+    assert "2 shapes (dynamic padding)" in unknown and "pads 10 tokens" in unknown

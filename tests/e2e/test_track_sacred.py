@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ckptbench.run.memory_step import MemoryStepMarks
 from ckptbench.track import TrainerTracker, track
-from ckptbench.track.session import TrackSetupError
+from ckptbench.track.out import TrackSetupError
 
 pytestmark = pytest.mark.e2e
 ROOT = pathlib.Path(__file__).resolve().parents[2]
