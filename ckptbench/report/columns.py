@@ -103,7 +103,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "est_optimizer": ("estimate.optimizer_bytes", "num"),
     "checks": ("checks", "obj"),
     "meter_checks": ("meters.checks", "obj"),  # the two memory meters' agreement, shown as checks "meters.<q>"
-    "gates": ("gates", "obj"),  # what fails a record beside its checks, shown as checks "gate.<name>"
+    "gates": ("gates", "obj"),
+    "rank": ("track.rank", "num"),  # a tracked torchrun's rank (its ranks beyond 0 each a record)  # what fails a record beside its checks, shown as checks "gate.<name>"
 }
 
 # Fields of one entry of record["checks"].
@@ -206,6 +207,10 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
             out[short] = np.array([bool(v) if not _missing(v) else False for v in col], dtype=bool)
         else:
             out[short] = [None if _missing(v) else v for v in col]
+    leaves = [c for c in frame.columns if c.startswith("gates.")]
+    if "gates" not in frame.columns and leaves:  # json_normalize flattened each gate into a column of its own
+        out["gates"] = [{c[len("gates."):]: v for c, v in zip(leaves, row) if not _missing(v)} or None
+                        for row in zip(*(frame[c] for c in leaves))]
     # a record's verdict counts its meters' checks and its gates: the report and the CSV list them beside
     # the estimate's, so every fail names its check
     out["checks"] = [with_meters(c, m, g) for c, m, g in zip(out["checks"], out["meter_checks"], out["gates"])]
@@ -218,7 +223,8 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
     out["strategy"] = [s or _strategy_name(n, off) for s, n, off in zip(out["strategy"], out["every_n"],
                                                                          out["offload"])]
     out["variant"] = [_variant(*row) for row in zip(out["model"], out["precision"], out["attn"], out["dropout"],
-                                                    out["loop"], out["world"], out["K"], out["accum"])]
+                                                    out["loop"], out["world"], out["K"], out["accum"],
+                                                    out["rank"])]
     out["step_ci_lo"] = [ci[0] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     out["step_ci_hi"] = [ci[1] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     out["ok"] = np.array([s == "ok" for s in out["status"]], dtype=bool)
@@ -275,8 +281,9 @@ def _strategy_name(every_n, offload) -> str:
     return checkpointing_name(int(every_n), bool(offload))
 
 
-def _variant(model, precision, attn, dropout, loop, world, k, accum) -> str:
-    """Everything but batch, seq and strategy: points with equal variants are comparable."""
+def _variant(model, precision, attn, dropout, loop, world, k, accum, rank=None) -> str:
+    """Everything but batch, seq and strategy: points with equal variants are comparable (a tracked
+    torchrun's ranks beyond 0 are named: each is a record of its own)."""
     # dropout always shows: "off" is a choice the Case made (a gpt2 config publishes 0.1)
     parts = [model, precision or "?", attn or "?", dropout]
     if loop != "manual":
@@ -286,6 +293,8 @@ def _variant(model, precision, attn, dropout, loop, world, k, accum) -> str:
         parts.append("DDP" if not k else f"K={k:.0f}")
     if not _missing(accum) and accum > 1:
         parts.append(f"accum {accum:.0f}")
+    if not _missing(rank) and rank > 0:
+        parts.append(f"rank {rank:.0f}")
     return " · ".join(parts)
 
 

@@ -82,6 +82,7 @@ class RecordStore:
 
 def load_records(path: str, merged: bool = True) -> LoadedRecords:
     """Every readable record of a run, one per Case (`merged`) or one per (Case, repeat)."""
+    ranks = rank_files(path) if os.path.isdir(path) else []
     if os.path.isdir(path):
         path = os.path.join(path, RECORDS)
     out = LoadedRecords(path=path)
@@ -95,8 +96,39 @@ def load_records(path: str, merged: bool = True) -> LoadedRecords:
     with fh, no_cycle_collection():  # line by line: never the whole file at once
         for number, line in enumerate(fh, start=1):
             _read_line(out, path, number, line)
+        for extra in ranks:  # a tracked torchrun's other ranks, each its own record
+            try:
+                rank_fh = open_regular(extra)
+            except OSError as exc:
+                out.problems.append(f"{extra}: cannot read the records: {exc.strerror or exc}")
+                continue
+            with rank_fh:
+                for number, line in enumerate(rank_fh, start=1):
+                    _read_line(out, extra, number, line)
         out.records = latest_per_case(out.records) if merged else list(_latest_lines(out.records).values())
     return out
+
+
+def rank_files(directory: str) -> list[str]:
+    """The records of a tracked run's other ranks, ``rank-<r>/records.jsonl`` under its directory, by rank."""
+    found = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        suffix = name.removeprefix("rank-")
+        if suffix != name and suffix.isdigit() and os.path.isfile(os.path.join(directory, name, RECORDS)):
+            found.append((int(suffix), os.path.join(directory, name, RECORDS)))
+    return [p for _, p in sorted(found)]
+
+
+def record_key(record: dict) -> tuple:
+    """What makes a record one of its own: its Case and repeat, and a tracked rank's rank (ranks beyond 0)."""
+    track = record.get("track")
+    tracked_rank = track.get("rank") if isinstance(track, dict) else None
+    key = (record["case_id"], record.get("repeat", 0))
+    return key + (tracked_rank,) if isinstance(tracked_rank, int) and tracked_rank > 0 else key
 
 
 @contextlib.contextmanager
@@ -161,9 +193,9 @@ def latest_per_case(records: list[dict]) -> list[dict]:
 
 def merged_cases(latest: dict[tuple[str, int], dict]) -> list[dict]:
     """:func:`latest_per_case` of lines already reduced to the last of each (Case, repeat)."""
-    groups: dict[str, list[dict]] = {}
-    for (case_id, _), record in latest.items():
-        groups.setdefault(case_id, []).append(record)
+    groups: dict[tuple, list[dict]] = {}
+    for (case_id, _, *rank), record in latest.items():
+        groups.setdefault((case_id, *rank), []).append(record)
     singles = single_records([g[0] for g in groups.values() if len(g) == 1])[::-1]
     return [singles.pop() if len(group) == 1 else merge_repeats(group) for group in groups.values()]
 
@@ -176,13 +208,13 @@ def latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:
 def _latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:
     latest: dict[tuple[str, int], dict] = {}
     for record in records:
-        latest[(record["case_id"], record.get("repeat", 0))] = record  # a later line replaces an earlier one
+        latest[record_key(record)] = record  # a later line replaces an earlier one
     return latest
 
 
 def distinct_runs(records: list[dict]) -> int:
     """How many (Case, repeat) pairs the lines hold: more lines than that are reruns of the same pair."""
-    return len({(r["case_id"], r.get("repeat", 0)) for r in records})
+    return len({record_key(r) for r in records})
 
 
 def to_frame(records: list[dict]):

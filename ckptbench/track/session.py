@@ -28,7 +28,7 @@ import torch
 from ..measure.quiet import transformers_quiet
 from ..run.environment import host_part
 from ..run.sweep import make_record
-from ..run.worker import StepSchedule, device_environment, measurement_of
+from ..run.worker import StepSchedule, device_environment, measurement_of, simulated_estimate
 from ..spec.case import Case, Suite
 from ..spec.training import TrainSpec
 from ..store.records import RecordStore
@@ -285,10 +285,14 @@ class Session:
                 measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
                                              api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
                                                                              "model_build_s": None})
+                alone = replace(case, world_size=1, local_sgd_steps=0)  # what a rank's own step is judged as
                 if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
                     measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
+                    if not alone.analytic and not measurement.get("simulation"):  # multi-rank: not simulated
+                        measurement.pop("simulation_error", None)
+                        measurement.update(simulated_estimate(alone))
                 if self.held_output_bytes:
-                    judge_with_held_output(case, measurement, self.held_output_bytes)
+                    judge_with_held_output(alone, measurement, self.held_output_bytes)
                 result = {"status": "ok", "reason": "", "measurement": measurement}
             result["device_env"] = device_environment(case.device)
             result["wall_s"] = time.time() - self.t0

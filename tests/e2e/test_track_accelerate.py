@@ -75,14 +75,15 @@ def test_local_sgd_under_torchrun_is_recorded_with_its_k_and_trains_as_untracked
     assert done.returncode == 0, done.stderr[-3000:]
     # the profiler's and the allocator's C++ lines, which torchrun prefixes with the rank, stay off fd 2
     assert "CPUAllocator" not in done.stderr and "USDT" not in done.stderr, done.stderr[-2000:]
-    for rank, path in enumerate((tmp_path / "records", tmp_path / "records" / "rank-1")):
-        (record,) = load_records(str(path)).records
+    for rank, record in enumerate(load_records(str(tmp_path / "records")).records):  # both ranks, in order
         assert record["track"]["rank"] == rank
         assert record["case"]["local_sgd_steps"] == 4 and record["strategy"] == "full+K4+accelerate"
         assert record["status"] == "ok" and record["verdict"] == "pass", record["checks"]
         # LocalSGD's steps run under DDP's no_sync: the backward writes no bucket, so the rank is judged as
         # the one-process step of the same setting (with the output the script keeps)
         assert record["measurement"]["ddp_bucket_bytes"] > 0 and "(0 B)" in record["checked_as"]
+        judged = {c["quantity"]: c["verdict"] for c in record["checks"]}
+        assert judged["peak_bytes"] == judged["mem_after_forward_bytes"] == "pass", record["checks"]
         alone = measure(dataclasses.replace(Case.from_dict(record["case"]), world_size=1, local_sgd_steps=0))
         assert record["measurement"]["peak_phase"] == alone["peak_phase"]
     plain = _torchrun(tmp_path, "untracked")

@@ -238,3 +238,24 @@ def test_without_orjson_the_json_module_reads_the_same_records(tmp_path, monkeyp
     plain = load_records(str(path))
     assert plain.records == fast.records and len(plain.records) == 1
     assert plain.problems == fast.problems and plain.skipped == fast.skipped == 1
+
+
+def test_a_tracked_runs_ranks_read_as_records_of_their_own_and_a_bad_rank_line_is_listed(tmp_path):
+    """A tracked torchrun's directory holds rank 0's records and rank-<r>/records.jsonl: read together,
+    each rank is a record of its own (never merged as a repeat of rank 0), ordered by rank; a bad line in a
+    rank's file is skipped and named, the others kept."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "suite.toml").write_text(SUITE)
+    case = load_suite(str(out / "suite.toml")).cases[0]
+    RecordStore(str(out)).append({**_good(case), "track": {"rank": 0}})
+    for rank in (2, 1):
+        store = RecordStore(str(out / f"rank-{rank}"))
+        store.ensure()
+        store.append({**_good(case), "track": {"rank": rank}})
+    with open(out / "rank-2" / "records.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"case_id": "truncated\n')
+    (out / "rank-x").mkdir()  # not a rank: left alone
+    loaded = load_records(str(out))
+    assert [r["track"]["rank"] for r in loaded.records] == [0, 1, 2]
+    assert loaded.skipped == 1 and "rank-2" in loaded.problems[0] and "records.jsonl:2:" in loaded.problems[0]
