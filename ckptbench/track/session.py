@@ -344,6 +344,8 @@ def annotate(case: Case, record: dict) -> None:
         if record["status"] == "ok":
             record["verdict"] = verdict([SimpleNamespace(verdict=c["verdict"]) for c in record["checks"]],
                                         record.get("gates") or {})
+            if record.get("estimate_source") == "none" and record["verdict"] == "pass":
+                record["verdict"] = "unchecked"  # nothing predicted the memory: never a pass (as the sweep's)
         return
     held = (record.get("measurement") or {}).get("loop_held_output_bytes")
     annotate_record(case, record, by_simulation=bool(held))
