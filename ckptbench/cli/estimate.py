@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
 
         sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                        device=case.device, setup=case.setup, recompute=case.recompute,
-                   grad_accum=case.grad_accum).to_dict()
+                       grad_accum=case.grad_accum).to_dict()
     if args.json:
         print(json.dumps({"estimate": e.to_dict(), "simulated": sim}, indent=2))
     else:

@@ -103,8 +103,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "est_optimizer": ("estimate.optimizer_bytes", "num"),
     "checks": ("checks", "obj"),
     "meter_checks": ("meters.checks", "obj"),  # the two memory meters' agreement, shown as checks "meters.<q>"
-    "gates": ("gates", "obj"),
-    "rank": ("track.rank", "num"),  # a tracked torchrun's rank (its ranks beyond 0 each a record)  # what fails a record beside its checks, shown as checks "gate.<name>"
+    "gates": ("gates", "obj"),  # what fails a record beside its checks, shown as checks "gate.<name>"
+    "rank": ("track.rank", "num"),  # a tracked torchrun's rank (its ranks beyond 0 each a record)
 }
 
 # Fields of one entry of record["checks"].
@@ -179,7 +179,7 @@ def record_frame(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()}) if n else pd.DataFrame()
 
 
-def with_meters(checks, meter_checks, gates=None):
+def named_checks(checks, meter_checks, gates=None):
     """A record's checks, then its meters' checks named ``meters.<quantity>`` and each gate that is set,
     as a failing check named ``gate.<name>`` (what its verdict counts, every one named)."""
     extra = [{**c, "quantity": f"meters.{c.get('quantity')}"} for c in meter_checks or () if isinstance(c, dict)]
@@ -213,7 +213,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
                         for row in zip(*(frame[c] for c in leaves))]
     # a record's verdict counts its meters' checks and its gates: the report and the CSV list them beside
     # the estimate's, so every fail names its check
-    out["checks"] = [with_meters(c, m, g) for c, m, g in zip(out["checks"], out["meter_checks"], out["gates"])]
+    out["checks"] = [named_checks(c, m, g) for c, m, g in zip(out["checks"], out["meter_checks"], out["gates"])]
     out["attn"] = [ran or asked for ran, asked in zip(out["attn_ran"], out["attn"])]  # the attention that ran
     out["precision"] = [precision_name(dt, ac) for ac, dt in zip(out["autocast"], out["dtype"])]
     out["loop"] = [loop or "manual" for loop in out["loop"]]

@@ -82,8 +82,9 @@ class RecordStore:
 
 def load_records(path: str, merged: bool = True) -> LoadedRecords:
     """Every readable record of a run, one per Case (`merged`) or one per (Case, repeat)."""
-    ranks = rank_files(path) if os.path.isdir(path) else []
+    ranks: list[str] = []
     if os.path.isdir(path):
+        ranks = rank_files(path)
         path = os.path.join(path, RECORDS)
     out = LoadedRecords(path=path)
     if not os.path.exists(path):
@@ -191,8 +192,8 @@ def latest_per_case(records: list[dict]) -> list[dict]:
     return merged_cases(_latest_lines(records))
 
 
-def merged_cases(latest: dict[tuple[str, int], dict]) -> list[dict]:
-    """:func:`latest_per_case` of lines already reduced to the last of each (Case, repeat)."""
+def merged_cases(latest: dict[tuple, dict]) -> list[dict]:
+    """:func:`latest_per_case` of lines already reduced to the last of each :func:`record_key`."""
     groups: dict[tuple, list[dict]] = {}
     for (case_id, _, *rank), record in latest.items():
         groups.setdefault((case_id, *rank), []).append(record)
@@ -200,13 +201,13 @@ def merged_cases(latest: dict[tuple[str, int], dict]) -> list[dict]:
     return [singles.pop() if len(group) == 1 else merge_repeats(group) for group in groups.values()]
 
 
-def latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:
+def latest_lines(records: list[dict]) -> dict[tuple, dict]:
     """The last line of each (Case, repeat), in order of first appearance."""
     return _latest_lines(records)
 
 
-def _latest_lines(records: list[dict]) -> dict[tuple[str, int], dict]:
-    latest: dict[tuple[str, int], dict] = {}
+def _latest_lines(records: list[dict]) -> dict[tuple, dict]:
+    latest: dict[tuple, dict] = {}
     for record in records:
         latest[record_key(record)] = record  # a later line replaces an earlier one
     return latest

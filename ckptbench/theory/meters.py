@@ -25,8 +25,8 @@ dispatcher too (fp32 accumulators; q and kv are cut into blocks of ``qs = min(32
 (fp32 and bf16; 1 and 2 threads; S 64, 300, 1024; D 64, 128) the forward's is the formula to the byte,
 the backward's the formula beside one buffer the size of the output, which the tracker sees.  One call's
 (the larger of the two) is allowed on top: a run_clm-shaped llama with head_dim 128 (a width its hidden
-size of 64 does not give) has its peak inside the attention's backward, 16,512 B per thread beyond the
-tracker (``tests/e2e/test_track.py``).
+size of 64 does not give) has its peak inside the attention's backward: 16,512 B beyond the tracker at
+one thread, 32,896 B at two (``tests/e2e/test_track.py``).
 
 CUDA — the allocator's reserved blocks at the end of the step against the driver's count of this
 process (NVML), which adds the CUDA context and library workspaces (cuBLAS, cuDNN): ``0 ≤ NVML −

@@ -44,4 +44,3 @@ def summary_line(record: dict, path: str) -> str:
         lines[0] += f": {record.get('reason')}"
     lines += [f"ckptbench: mistake: {x['line']}" for x in (record.get("track") or {}).get("mistakes", [])]
     return "\n".join(lines)
-

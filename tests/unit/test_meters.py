@@ -149,9 +149,10 @@ def test_a_block_from_an_earlier_profiled_step_freed_in_this_one_is_left_out_and
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("seq, head_dim", [(64, 128), (300, 64)])
-def test_the_cpu_flash_attention_buffers_are_the_allocators_view_of_one_forward(dtype, threads, seq, head_dim):
-    """The forward's buffers (torch's kernel, below the dispatcher) as the allocator meter counts them:
-    its growth over the call beyond the output and the log-sum-exp, to the byte."""
+def test_the_cpu_flash_attention_buffers_are_the_allocators_view_of_one_call(dtype, threads, seq, head_dim):
+    """The kernel's buffers (below the dispatcher) as the allocator meter counts them, forward and backward:
+    its growth beyond the output and the log-sum-exp (forward), the three gradients and one output-sized
+    buffer (backward), to the byte."""
     from ckptbench.measure.allocator import AllocatorMeter
     from ckptbench.theory.meters import flash_attention_cpu_buffers
 
@@ -163,9 +164,21 @@ def test_the_cpu_flash_attention_buffers_are_the_allocators_view_of_one_forward(
         meter.start()
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         meter.stop()
+        forward = meter.growth
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grad = torch.ones_like(out)
+        meter = AllocatorMeter()
+        meter.start()
+        out.backward(grad)
+        meter.stop()
+        backward = meter.growth
     finally:
         torch.set_num_threads(before)
     element = 2 if dtype == torch.bfloat16 else 0
-    lse = 2 * 4 * seq * 4
-    assert meter.growth - out.numel() * out.element_size() - lse == flash_attention_cpu_buffers(
-        seq, head_dim, threads, element)[0]
+    lse, size = 2 * 4 * seq * 4, out.numel() * out.element_size()
+    buffers = flash_attention_cpu_buffers(seq, head_dim, threads, element)
+    assert forward - size - lse == buffers[0]
+    # the backward: q's, k's and v's gradients and one buffer the size of the output (a tensor the tracker
+    # sees), then the kernel's own
+    assert backward - 4 * size == buffers[1]

@@ -55,7 +55,7 @@ def test_batch_shape_from_a_tensor_a_mapping_or_a_sequence():
 
 
 def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_the_report():
-    from ckptbench.report.columns import with_meters
+    from ckptbench.report.columns import named_checks
     from ckptbench.track.figures import failing_named
 
     record = {"verdict": "fail", "checks": [{"quantity": "peak_bytes", "verdict": "pass"}],
@@ -63,7 +63,7 @@ def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_t
               "gates": {"meters_disagree": 1}}
     assert failing_named(record) == " (failing: meters.allocator_vs_tracker_bytes, gate meters_disagree)"
     assert failing_named({**record, "verdict": "pass"}) == ""
-    merged = with_meters(record["checks"], record["meters"]["checks"], record["gates"])
+    merged = named_checks(record["checks"], record["meters"]["checks"], record["gates"])
     assert [(c["quantity"], c["verdict"]) for c in merged] == [
         ("peak_bytes", "pass"), ("meters.allocator_vs_tracker_bytes", "fail"), ("gate.meters_disagree", "fail")]
-    assert with_meters(record["checks"], None, {"meters_disagree": 0}) is record["checks"]
+    assert named_checks(record["checks"], None, {"meters_disagree": 0}) is record["checks"]
