@@ -105,6 +105,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "meter_checks": ("meters.checks", "obj"),  # the two memory meters' agreement, shown as checks "meters.<q>"
     "gates": ("gates", "obj"),  # what fails a record beside its checks, shown as checks "gate.<name>"
     "rank": ("track.rank", "num"),  # a tracked torchrun's rank (its ranks beyond 0 each a record)
+    "from_step": ("track.from_step", "num"),  # a tracked run measured again: the step it began at
 }
 
 # Fields of one entry of record["checks"].
@@ -224,7 +225,7 @@ def tidy(frame: pd.DataFrame) -> pd.DataFrame:
                                                                          out["offload"])]
     out["variant"] = [_variant(*row) for row in zip(out["model"], out["precision"], out["attn"], out["dropout"],
                                                     out["loop"], out["world"], out["K"], out["accum"],
-                                                    out["rank"])]
+                                                    out["rank"], out["from_step"])]
     out["step_ci_lo"] = [ci[0] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     out["step_ci_hi"] = [ci[1] if isinstance(ci, list) and len(ci) == 2 else float("nan") for ci in out["step_ci"]]
     out["ok"] = np.array([s == "ok" for s in out["status"]], dtype=bool)
@@ -281,9 +282,10 @@ def _strategy_name(every_n, offload) -> str:
     return checkpointing_name(int(every_n), bool(offload))
 
 
-def _variant(model, precision, attn, dropout, loop, world, k, accum, rank=None) -> str:
+def _variant(model, precision, attn, dropout, loop, world, k, accum, rank=None, from_step=None) -> str:
     """Everything but batch, seq and strategy: points with equal variants are comparable (a tracked
-    torchrun's ranks beyond 0 are named: each is a record of its own)."""
+    torchrun's ranks beyond 0, and a tracked run's later measurements, are named: each is a record of its
+    own)."""
     # dropout always shows: "off" is a choice the Case made (a gpt2 config publishes 0.1)
     parts = [model, precision or "?", attn or "?", dropout]
     if loop != "manual":
@@ -295,6 +297,8 @@ def _variant(model, precision, attn, dropout, loop, world, k, accum, rank=None) 
         parts.append(f"accum {accum:.0f}")
     if not _missing(rank) and rank > 0:
         parts.append(f"rank {rank:.0f}")
+    if not _missing(from_step) and from_step > 0:
+        parts.append(f"from step {from_step:.0f}")
     return " · ".join(parts)
 
 

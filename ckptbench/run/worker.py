@@ -57,11 +57,13 @@ class StepSchedule:
 
     Every loop (:mod:`ckptbench.train.loops`) runs the steps this yields (``for k in schedule``) and
     reports each here, so the steps mean the same whatever loop ran them.  ``total`` is the most there
-    can be (a loop that must say so in advance, Trainer's ``max_steps``, stops early on :attr:`done`)."""
+    can be (a loop that must say so in advance, Trainer's ``max_steps``, stops early on :attr:`done`).
+    `start` is the optimizer step the schedule's first step is (a tracked run measured again later on)."""
 
     def __init__(self, case: Case, device: torch.device, layers: list, fault: Fault | None,
-                 time_left_s: float | None = None, model=None):
+                 time_left_s: float | None = None, model=None, start: int = 0):
         t = case.train
+        self.start = start
         self.rule = StopRule.of(t, device.type, time_left_s)
         self.warmup, self.memory = t.warmup_steps, t.memory_steps
         self.total = self.warmup + self.memory + self.rule.max_steps
@@ -97,6 +99,7 @@ class StepSchedule:
         return self.stopped_by is not None
 
     def kind(self, k: int) -> str:
+        k -= self.start
         return "warmup" if k < self.warmup else "memory" if k < self.warmup + self.memory else "timed"
 
     def begin(self, k: int) -> None:
@@ -137,7 +140,7 @@ class StepSchedule:
             self.steps.after_step()
             self.losses.append(loss)
         if kind == "timed":
-            n = k - self.warmup - self.memory + 1
+            n = k - self.start - self.warmup - self.memory + 1
             if self.rule.due(n):  # on CUDA a synchronise, every few steps (StopRule.check_every)
                 times = self.timer.times()
                 self.timed_s = time.perf_counter() - self._t_timed

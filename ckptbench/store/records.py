@@ -125,11 +125,16 @@ def rank_files(directory: str) -> list[str]:
 
 
 def record_key(record: dict) -> tuple:
-    """What makes a record one of its own: its Case and repeat, and a tracked rank's rank (ranks beyond 0)."""
+    """What makes a record one of its own: its Case and repeat, and of a tracked run the rank (ranks beyond 0)
+    and the step a later measurement began at (steps beyond 0)."""
     track = record.get("track")
-    tracked_rank = track.get("rank") if isinstance(track, dict) else None
     key = (record["case_id"], record.get("repeat", 0))
-    return key + (tracked_rank,) if isinstance(tracked_rank, int) and tracked_rank > 0 else key
+    if not isinstance(track, dict):
+        return key
+    tracked_rank, from_step = track.get("rank"), track.get("from_step")
+    if isinstance(tracked_rank, int) and tracked_rank > 0:
+        key += (tracked_rank,)
+    return key + (("from", from_step),) if isinstance(from_step, int) and from_step > 0 else key
 
 
 @contextlib.contextmanager

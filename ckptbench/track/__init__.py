@@ -18,20 +18,24 @@ from __future__ import annotations
 
 
 def track(model, optimizer, out: str | None = "results/track", *, name: str = "", loop: str | None = None,
-          train=None, echo: bool = True, accelerator=None):
+          train=None, echo: bool = True, accelerator=None, every: int | None = None, at=()):
     """A :class:`~ckptbench.track.loop.Tracker` on `model` and `optimizer` (an Accelerate-prepared one or a
     plain ``torch.optim`` one), writing its record under `out`; use it as a context manager and frame each
     optimizer step with ``t.step(batch)``.  `train` (a :class:`~ckptbench.spec.training.TrainSpec`) sets the
     warm-up steps and the timed steps' precision and caps; `name` the record's suite name (``track:<name>``,
     default the script's name); `accelerator`: an ``accelerate.Accelerator`` whose trackers
-    (``init_trackers``) receive the record's figures through ``accelerator.log`` (keys under ``ckptbench/``)."""
+    (``init_trackers``) receive each record's figures through ``accelerator.log`` (keys under ``ckptbench/``);
+    `every` / `at`: measure the run again every so many optimizer steps / at these steps, a record each
+    (:mod:`.again`)."""
     from .loop import Tracker
 
-    return Tracker(model, optimizer, out, name=name, loop=loop, train=train, echo=echo, accelerator=accelerator)
+    return Tracker(model, optimizer, out, name=name, loop=loop, train=train, echo=echo, accelerator=accelerator,
+                   every=every, at=at)
 
 
-def TrainerTracker(out: str = "results/track", name: str = "", train=None, echo: bool = True):  # noqa: N802
+def TrainerTracker(out: str = "results/track", name: str = "", train=None, echo: bool = True,  # noqa: N802
+                   every: int | None = None, at=()):
     """The ``transformers.TrainerCallback`` that tracks a Trainer run (:class:`.trainer.TrainerTracker`)."""
     from .trainer import TrainerTracker as Callback
 
-    return Callback(out=out, name=name, train=train, echo=echo)
+    return Callback(out=out, name=name, train=train, echo=echo, every=every, at=at)

@@ -64,12 +64,13 @@ class Tracker:
     :attr:`record` once written (see the module's text)."""
 
     def __init__(self, model, optimizer, out: str | None, *, name: str = "", loop: str | None = None,
-                 train=None, echo: bool = True, accelerator=None):
+                 train=None, echo: bool = True, accelerator=None, every: int | None = None, at=()):
         why = causal_lm_refusal(model)  # refused here, before the run: never a failure after it starts
         if why:
             raise TrackSetupError(f"ckptbench.track: model: {why}")
         inner = getattr(optimizer, "optimizer", optimizer)
-        self.accelerator = accelerator  # its trackers (accelerator.log) receive the record's figures
+        self.accelerator = accelerator  # its trackers (accelerator.log) receive each record's figures
+        self.logged = 0  # the records whose figures went to them
         accelerated = type(optimizer).__module__.startswith("accelerate")
         self.loop = loop or ("accelerate" if accelerated else "manual")
         if train is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -78,7 +79,7 @@ class Tracker:
             from ..spec.training import TrainSpec
 
             train = TrainSpec(warmup_steps=2)
-        self.session = Session(out, name=name, loop=self.loop, train=train, echo=echo)
+        self.session = Session(out, name=name, loop=self.loop, train=train, echo=echo, every=every, at=at)
         self.model, self.optimizer = model, optimizer
         self.autocast = ""
         if accelerated:
@@ -161,6 +162,7 @@ class Tracker:
             loss = loss / self.forwards  # the optimizer step's loss: the mean of its micro-batches'
         self._unpatch()
         session.end(loss)
+        self._log_records()
         if session.done:
             self.close()
 
@@ -176,12 +178,20 @@ class Tracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        accelerator, self.accelerator = self.accelerator, None  # reported once
-        if record is not None and accelerator is not None and getattr(accelerator, "trackers", None):
+        self._log_records()
+        self.accelerator = None
+        return record
+
+    def _log_records(self) -> None:
+        """Each record's figures, once, to the accelerator's trackers (at the step the run had reached)."""
+        accelerator, records = self.accelerator, self.session.records
+        if accelerator is None or not getattr(accelerator, "trackers", None):
+            return
+        for record in records[self.logged:]:
             figures = figures_of(record)
             if figures:
                 accelerator.log(figures, step=self.session.k)
-        return record
+        self.logged = len(records)
 
     # ---------------------------------------------------------------- hooks
     @contained()

@@ -7,7 +7,8 @@ step (the exact tracker, the saved-tensor counter, the layer probe: the worker's
 its precision or a cap (:class:`~ckptbench.run.worker.StepSchedule`, the worker's own).  From then on the run
 is left alone: no hook measures anything, and the record is written (:meth:`Session.finish`) through the
 worker's :func:`~ckptbench.run.worker.measurement_of`, the sweep's :func:`~ckptbench.run.sweep.make_record`
-and its checks (:func:`~ckptbench.theory.annotate.annotate_record`), validated as every record is read.
+and its checks (:func:`~ckptbench.theory.annotate.annotate_record`), validated as every record is read.  A run
+asked to be measured again (:mod:`.again`) is left alone until the next requested step, and measured anew.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..theory.annotate import annotate_record
 from ..theory.checks import verdict
 from ..theory.ddp import bucket_bytes, ddp_rank_checks, written_buckets
 from ..train.checkpointing import decoder_layers, pinned_memory_error
+from .again import Again
 from .figures import summary_line
 from .held import held_note, judge_with_held_output
 from .inspect import Seen, batch_shape, padding_tokens, seen_run, unwrapped
@@ -77,7 +79,8 @@ class Session:
     :meth:`begin` and :meth:`end` around each optimizer step; :attr:`marks` is the memory step's probes."""
 
     def __init__(self, out: str | None, *, name: str = "", loop: str = "manual", train: TrainSpec | None = None,
-                 echo: bool = True):
+                 echo: bool = True, every: int | None = None, at=()):
+        self.again = Again(every, at)
         self.out = out
         self.name = name or os.path.splitext(os.path.basename(sys.argv[0] or "run"))[0] or "run"
         self.loop = loop
@@ -87,27 +90,39 @@ class Session:
         self.seen: Seen | None = None
         self.model = None
         self.optimizer = None
-        self.record: dict | None = None
+        self.record: dict | None = None  # the last measurement's
+        self.records: list[dict] = []  # every measurement's, in order
+        self.start = 0  # the optimizer step the current measurement began (or begins) at
+        self.finished = False  # no measurement is to come
         self.failed: str = ""  # why tracking stopped before its record (the run itself goes on)
         self.interrupted: str = ""  # the signal that ended the run while it was measured
         self._previous: dict[int, object] = {}  # the handlers the run had before measuring began
         self.k = 0  # optimizer steps seen
-        self.held_output_bytes = 0  # the model's output the loop kept through the memory step's backward
         self.local_sgd_steps = 0  # K of an Accelerate LocalSGD over the tracked model, once it stepped
-        self.shapes: dict[str, int] = {}  # "BxS" of each optimizer step's batch -> the steps that had it
-        self.memory_shape: tuple[int, int] | None = None  # the memory step's (batch, sequence)
-        self.memory_padding = 0  # tokens its attention_mask marks as padding
-        self.t0 = time.time()
+        self.clear()
         if out is not None:
             writable_out(out)
         if echo:
             notes_on_stderr()
 
+    def clear(self) -> None:
+        """What one measurement learns of its steps, from nothing."""
+        self.held_output_bytes = 0  # the model's output the loop kept through the memory step's backward
+        self.shapes: dict[str, int] = {}  # "BxS" of each optimizer step's batch -> the steps that had it
+        self.memory_shape: tuple[int, int] | None = None  # the memory step's (batch, sequence)
+        self.memory_padding = 0  # tokens its attention_mask marks as padding
+        self.t0 = time.time()
+
     # ------------------------------------------------------------------ the steps
     @property
     def done(self) -> bool:
-        """The schedule has all it needs: nothing is measured any more."""
-        return bool(self.failed) or self.record is not None or (self.schedule is not None and self.schedule.done)
+        """Nothing is measured any more: tracking failed, the last measurement is written, or its schedule
+        has all it needs."""
+        return bool(self.failed) or self.finished or (self.schedule is not None and self.schedule.done)
+
+    def waiting(self) -> bool:
+        """Between two measurements: the run's steps are counted, nothing else."""
+        return self.schedule is None and self.k < self.start
 
     @property
     def marks(self):
@@ -117,14 +132,26 @@ class Session:
         return self.schedule is not None and not self.done and self.schedule.kind(self.k) == "memory"
 
     def scheduled(self, model, optimizer) -> StepSchedule:
-        """The run's schedule, made at its first step (what it reads of a Case: the train settings)."""
+        """The measurement's schedule, made at its first step (what it reads of a Case: the train settings;
+        a later measurement has one warm-up step, :mod:`.again`)."""
         if self.schedule is None:
             self.model, self.optimizer = model, optimizer
             device = next(model.parameters()).device
-            provisional = Case(model=_placeholder(), train=self.train, batch_size=1, seq_len=1, device=device.type)
-            self.schedule = StepSchedule(provisional, device, decoder_layers(model), None, None, model)
+            train = replace(self.train, warmup_steps=1) if self.start else self.train
+            provisional = Case(model=_placeholder(), train=train, batch_size=1, seq_len=1, device=device.type)
+            self.schedule = StepSchedule(provisional, device, decoder_layers(model), None, None, model,
+                                         start=self.start)
             self.arm()
         return self.schedule
+
+    def next_measurement(self) -> None:
+        """After a measurement's record: the next requested step, or nothing more to measure."""
+        start = self.again.after(self.k) if self.again and not self.interrupted else None
+        if start is None:
+            self.finished = True
+            return
+        self.schedule, self.start = None, start
+        self.clear()
 
     # ------------------------------------------------------------------ signals while measuring
     def arm(self) -> None:
@@ -167,7 +194,7 @@ class Session:
             os.kill(os.getpid(), signum)
 
     def begin(self, model, optimizer) -> None:
-        if not self.done:
+        if not self.done and not self.waiting():
             self.scheduled(model, optimizer).begin(self.k)
 
     def start_memory(self, inputs: list[torch.Tensor]) -> None:
@@ -176,6 +203,8 @@ class Session:
             self.marks.start(self.model, inner, inputs)
 
     def end(self, loss) -> None:
+        if self.waiting():
+            self.k += 1
         if self.done or self.schedule is None:
             return
         if self.schedule.kind(self.k) == "memory":
@@ -225,14 +254,15 @@ class Session:
     def track_facts(self) -> dict:
         facts, batches = self.seen.facts(), self.batch_facts()
         facts["unknown"] = facts["unknown"] + batches["unknown_batches"]
-        return {**facts, "batches": batches["batches"], "rank": rank(), "steps_seen": self.k}
+        return {**facts, "batches": batches["batches"], "rank": rank(), "steps_seen": self.k,
+                "from_step": self.start, "measurement": len(self.records)}
 
     # ------------------------------------------------------------------ when ckptbench fails
     def fail(self, exc: BaseException, where: str) -> None:
         """Stop tracking for good (the run itself goes on untouched): the probes stopped, one warning line
         through the ``ckptbench`` logger, and a ``failed`` record when the run's Case is known and the
         directory still takes it."""
-        if self.failed or self.record is not None:
+        if self.failed or self.finished:
             return
         self.failed = f"{type(exc).__name__} in {where}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
         self.disarm()
@@ -263,23 +293,25 @@ class Session:
             store.ensure()
             store.append(record)
             self.record = record
+            self.records.append(record)
 
     # ------------------------------------------------------------------ the record
     def finish(self) -> dict | None:
-        """Write the record (once): ``ok`` with its checks when the memory step and timed steps ran, else
-        ``skipped`` saying how far the run got."""
-        if self.record is not None or self.failed or self.seen is None or self.out is None:
+        """Write the measurement's record (once): ``ok`` with its checks when the memory step and timed steps
+        ran, else ``skipped`` saying how far the run got."""
+        if self.finished or self.failed or self.seen is None or self.out is None or self.schedule is None:
             return self.record
         case = self.case()
         schedule = self.schedule
         schedule.finish()
-        needed = case.train.warmup_steps + case.train.memory_steps + 1
+        needed = schedule.warmup + schedule.memory + 1
         self.disarm()
         ended = f"{self.interrupted} ended the run" if self.interrupted else "the run ended"
         with transformers_quiet():  # the model copies built for the estimate and checks are ckptbench's
             if schedule.stats is None or not schedule.mem:
-                result = {"status": "skipped", "reason": f"{ended} after {self.k} optimizer steps: tracking "
-                          f"needs {needed} (warm-up, memory step, a timed step)"}
+                result = {"status": "skipped", "reason": f"{ended} after {self.k - self.start} optimizer steps"
+                          f"{f' from step {self.start}' if self.start else ''}: tracking needs {needed} "
+                          f"({'warm-up, ' if schedule.warmup else ''}memory step, a timed step)"}
             else:
                 api = "activation_checkpointing_enable" if case.checkpointed_layers else None
                 measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
@@ -311,6 +343,8 @@ class Session:
         store.ensure()
         store.append(record)
         self.record = record
+        self.records.append(record)
+        self.next_measurement()
         if self.echo:
             for line in summary_line(record, store.path).splitlines():
                 log.info("%s", line)

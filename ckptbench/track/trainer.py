@@ -36,15 +36,15 @@ class TrainerTracker(TrainerCallback):
     """``trainer.add_callback(TrainerTracker(out="results/mine"))``: the run's record in ``out``."""
 
     def __init__(self, out: str = "results/track", name: str = "", train: TrainSpec | None = None,
-                 echo: bool = True):
-        self.session = Session(out, name=name, loop="trainer", train=train, echo=echo)
+                 echo: bool = True, every: int | None = None, at=()):
+        self.session = Session(out, name=name, loop="trainer", train=train, echo=echo, every=every, at=at)
         self.probes = None
         self.losses: list = []
         self.fetched: list = []
         self.args = None
         self._restore = None  # puts the Trainer's own methods back
         self.trainer = None
-        self.reported = False
+        self.reported = 0  # the records whose figures went to Trainer's logs
 
     def abandon(self, exc: BaseException, where: str) -> None:
         """Tracking ends on ckptbench's own failure: said once, the Trainer's methods its own again."""
@@ -75,16 +75,26 @@ class TrainerTracker(TrainerCallback):
         if why:  # the Trainer has its model only now: tracking ends in one warning line, training goes on
             raise TrackSetupError(f"model: {why}")
         self.args, self.trainer = args, trainer
-        self.session.model, self.session.optimizer = kw["model"], kw["optimizer"]
-        self.session.scheduled(kw["model"], kw["optimizer"])
-        self.probes = probes_callback(self.session.schedule, args.gradient_accumulation_steps, self.losses,
+        self.measure(kw["model"], kw["optimizer"])
+
+    def measure(self, model, optimizer) -> None:
+        """A measurement from this step: its schedule, the probes driven by it, the Trainer's methods wrapped."""
+        self.session.model, self.session.optimizer = model, optimizer
+        self.session.scheduled(model, optimizer)
+        self.probes = probes_callback(self.session.schedule, self.args.gradient_accumulation_steps, self.losses,
                                       self.fetched, stop_when_done=False, holder=self.session)
-        self._restore = instrument(trainer, self.session.schedule, self.losses, self.fetched, guard=self._guard)
+        self._restore = instrument(self.trainer, self.session.schedule, self.losses, self.fetched,
+                                   guard=self._guard)
 
     @contained()
     def on_step_begin(self, args, state, control, **kw):
         if self.probes is None or self.session.done:
             return
+        self.session.k = state.global_step
+        if self.session.waiting():
+            return
+        if self.session.schedule is None:  # measured again from this step
+            self.measure(kw["model"], kw["optimizer"])
         if self.session.seen is None and self.fetched:
             autocast = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
             self.session.see(self.fetched[0], autocast=autocast, grad_accum=args.gradient_accumulation_steps)
@@ -104,7 +114,7 @@ class TrainerTracker(TrainerCallback):
 
     @contained()
     def on_step_end(self, args, state, control, **kw):
-        if self.probes is None or self.session.done:
+        if self.probes is None or self.session.done or self.session.schedule is None:
             return
         self.probes.on_step_end(args, state, control, **kw)
         self.session.k = state.global_step
@@ -115,7 +125,8 @@ class TrainerTracker(TrainerCallback):
     @contained()
     def on_train_end(self, args, state, control, **kw):
         if self.probes is not None:
-            self.session.schedule.marks.stop()
+            if self.session.schedule is not None:
+                self.session.schedule.marks.stop()
             self.session.finish()
             self.report()
 
@@ -125,11 +136,11 @@ class TrainerTracker(TrainerCallback):
         restore, self._restore = self._restore, None
         if restore is not None:
             restore()
-        if self.reported or self.trainer is None or self.record is None:
+        self.fetched.clear()  # the last measured step's batch: not kept alive until the next measurement
+        if self.trainer is None:
             return
-        self.reported = True
-        figures = figures_of(self.record)
-        if figures:
+        records, self.reported = self.session.records[self.reported:], len(self.session.records)
+        for figures in filter(None, map(figures_of, records)):
             # Trainer's on_log clears the control's should_log: a measurement ending at a step the Trainer
             # is about to log must not take that step's loss out of the user's logs
             should_log = self.trainer.control.should_log
