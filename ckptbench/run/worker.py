@@ -222,10 +222,11 @@ def measure(case: Case, t_submit: float | None = None, fault: Fault | None = Non
 
 
 def measurement_of(case: Case, schedule: StepSchedule, model, loop, checkpointing_api: str | None,
-                   offload_facts: dict, timing: dict) -> dict:
+                   offload_facts: dict, timing: dict, padded: int | None = None) -> dict:
     """The record's measurement of a point whose steps `schedule` has seen (finished): its memory step's
     probes, its timed steps, and what the model, optimizer and loop that ran them were.  The worker's, and
-    that of a user's own run (:mod:`ckptbench.track`), which hands over its own model and loop."""
+    that of a user's own run (:mod:`ckptbench.track`), which hands over its own model and loop (and
+    `padded`, its memory step's attention mask, :func:`simulated_estimate`)."""
     device = torch.device(case.device)
     stats, mem, steps, timer = schedule.stats, schedule.mem, schedule.steps, schedule.timer
     losses = schedule.losses.values()
@@ -234,7 +235,7 @@ def measurement_of(case: Case, schedule: StepSchedule, model, loop, checkpointin
         **steps.result(),
         **(measured_only_flops(case, flop_figures(case, stats.median_s, _device_name(device))) if case.model.analytic else
            {"flops_convention": f"no FLOP formula for model_type {case.model.family!r}: counted FLOPs only"}),
-        **({} if case.analytic or case.compiled else simulated_estimate(case)),
+        **({} if case.analytic or case.compiled else simulated_estimate(case, padded)),
         **(loop.facts() if hasattr(loop, "facts") else {}),
         "precision": case.precision,
         "loop": case.setup.loop,
@@ -269,14 +270,15 @@ def measurement_of(case: Case, schedule: StepSchedule, model, loop, checkpointin
     }
 
 
-def simulated_estimate(case: Case) -> dict:
+def simulated_estimate(case: Case, padded: int | None = None) -> dict:
     """For a model the analytic estimate does not describe: the FakeTensor simulation of the same step,
     run here after the measured steps (it needs torch, the sweep's parent has none).  Its figures are the
-    estimate the record is checked against; a model it cannot simulate says why instead."""
+    estimate the record is checked against; a model it cannot simulate says why instead.  `padded`: the
+    step's batch has an attention mask padding that many tokens (a tracked run's)."""
     from ..theory.simulate import simulate
     from ..theory.simulated import simulate_case
 
-    line = simulate_case(case, simulate)  # data-dependent routing, an op FakeTensor cannot run: a reason
+    line = simulate_case(case, simulate, padded)  # data-dependent routing, an op FakeTensor cannot run: a reason
     if line["status"] != "ok":
         return {"simulation": None, "simulation_error": line["reason"]}
     return {"simulation": line["simulated"]}

@@ -55,8 +55,19 @@ class LoopStep:
                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
         return build_optimizer(self.optimizer_name, groups, lr)
 
-    def inputs(self, ids: torch.Tensor) -> tuple[dict, list[torch.Tensor]]:
-        """The model's keyword arguments, and the tensors of the batch that exist before the step."""
+    def inputs(self, ids: torch.Tensor, padded: int | None = None) -> tuple[dict, list[torch.Tensor]]:
+        """The model's keyword arguments, and the tensors of the batch that exist before the step.  With
+        `padded`, the batch has an ``attention_mask`` (int64, as a tokenizer's) whose last `padded` tokens
+        are padding.  One that pads nothing exists but is not passed: transformers skips a mask of all ones
+        (its sdpa path reads the values, which fake tensors do not have; its eager mask is the same either
+        way)."""
+        if padded is not None:
+            mask = torch.ones_like(ids)
+            args, tensors = self.inputs(ids)
+            if not padded:
+                return args, [*tensors, mask]
+            mask.view(-1)[-padded:] = 0
+            return {**args, "attention_mask": mask}, [*tensors, mask]
         if self.loop != "trainer":
             return {"input_ids": ids, "labels": ids}, [ids]
         labels = ids.clone()

@@ -159,7 +159,8 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, offload: bool = False,
              lr: float = 1e-4, device: str = "cpu", count_flops: bool = False, trace: bool = False,
-             setup: Setup | None = None, recompute: Recompute | None = None, grad_accum: int = 1) -> SimResult:
+             setup: Setup | None = None, recompute: Recompute | None = None, grad_accum: int = 1,
+             padded: int | None = None) -> SimResult:
     """One optimizer step of the real model on fake CPU tensors, with exact live bytes: `grad_accum`
     forwards and backwards (the later ones start with every gradient of the first, which they accumulate
     into; the loop keeps what it keeps of each micro-batch's loss, :class:`LoopStep`), then the optimizer.
@@ -234,7 +235,7 @@ def simulate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
         optimizer = around.optimizer(model, lr)
         init_optimizer_state(optimizer)
         ids = torch.randint(0, spec.vocab, (batch, seq))
-        inputs, batch_tensors = around.inputs(ids)
+        inputs, batch_tensors = around.inputs(ids, padded)
 
         tr = LiveStorageTracker()
         tr.trace = trace

@@ -24,8 +24,9 @@ from ..spec.strategy import Recompute
 SIMULATED = "simulated.jsonl"
 
 
-def simulate_case(case: Case, simulate: Callable) -> dict:
-    """One line of simulated.jsonl: the prediction for `case`, or why there is none."""
+def simulate_case(case: Case, simulate: Callable, padded: int | None = None) -> dict:
+    """One line of simulated.jsonl: the prediction for `case`, or why there is none (`padded`: the batch's
+    attention mask pads that many tokens, :meth:`~.loop_step.LoopStep.inputs`)."""
     line = {"case_id": case.id, "strategy": case.strategy, "batch_size": case.batch_size,
             "seq_len": case.seq_len, "status": "ok", "reason": "", "simulated": {}}
     if case.world_size > 1:
@@ -39,6 +40,8 @@ def simulate_case(case: Case, simulate: Callable) -> dict:
         extra["count_flops"] = True
     if case.grad_accum > 1:  # every micro-batch of the optimizer step
         extra["grad_accum"] = case.grad_accum
+    if padded is not None:
+        extra["padded"] = padded
     try:
         result = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                           lr=case.train.lr, device=case.device, setup=case.setup, **extra)

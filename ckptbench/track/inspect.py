@@ -164,10 +164,10 @@ def batch_shape(batch) -> tuple[int, int]:
     raise TypeError(f"cannot read a batch size and sequence length from a {type(batch).__name__}")
 
 
-def padding_tokens(batch) -> int:
-    """Tokens a batch's ``attention_mask`` marks as padding (0 without a mask)."""
+def padding_tokens(batch) -> int | None:
+    """Tokens a batch's ``attention_mask`` marks as padding (None without a mask)."""
     mask = batch.get("attention_mask") if isinstance(batch, dict) or hasattr(batch, "keys") else None
-    return int((mask == 0).sum()) if isinstance(mask, torch.Tensor) else 0
+    return int((mask == 0).sum()) if isinstance(mask, torch.Tensor) else None
 
 
 def world_size() -> int:

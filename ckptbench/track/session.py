@@ -7,7 +7,7 @@ step (the exact tracker, the saved-tensor counter, the layer probe: the worker's
 its precision or a cap (:class:`~ckptbench.run.worker.StepSchedule`, the worker's own).  From then on the run
 is left alone: no hook measures anything, and the record is written (:meth:`Session.finish`) through the
 worker's :func:`~ckptbench.run.worker.measurement_of`, the sweep's :func:`~ckptbench.run.sweep.make_record`
-and its checks (:func:`~ckptbench.theory.annotate.annotate_record`), validated as every record is read.  A run
+and its checks (:mod:`.judge`), validated as every record is read.  A run
 asked to be measured again (:mod:`.again`) is left alone until the next requested step, and measured anew.
 """
 
@@ -22,26 +22,22 @@ import threading
 import time
 import warnings
 from dataclasses import replace
-from types import SimpleNamespace
 
 import torch
 
 from ..measure.quiet import transformers_quiet
 from ..run.environment import host_part
 from ..run.sweep import make_record
-from ..run.worker import StepSchedule, device_environment, measurement_of, simulated_estimate
+from ..run.worker import StepSchedule, device_environment, measurement_of
 from ..spec.case import Case, Suite
 from ..spec.training import TrainSpec
 from ..store.records import RecordStore
 from ..store.validate import record_problem
-from ..theory.annotate import annotate_record
-from ..theory.checks import verdict
-from ..theory.ddp import bucket_bytes, ddp_rank_checks, written_buckets
 from ..train.checkpointing import decoder_layers, pinned_memory_error
 from .again import Again
 from .figures import summary_line
-from .held import held_note, judge_with_held_output
 from .inspect import Seen, batch_shape, padding_tokens, seen_run, unwrapped
+from .judge import annotate, judge_run
 from .mistakes import mistakes
 from .out import notes_on_stderr, rank, rank_dir, writable_out
 
@@ -110,7 +106,7 @@ class Session:
         self.held_output_bytes = 0  # the model's output the loop kept through the memory step's backward
         self.shapes: dict[str, int] = {}  # "BxS" of each optimizer step's batch -> the steps that had it
         self.memory_shape: tuple[int, int] | None = None  # the memory step's (batch, sequence)
-        self.memory_padding = 0  # tokens its attention_mask marks as padding
+        self.memory_padding: int | None = None  # tokens its attention_mask marks as padding (None: no mask)
         self.t0 = time.time()
 
     # ------------------------------------------------------------------ the steps
@@ -245,9 +241,6 @@ class Session:
         if len(self.shapes) > 1:
             lines.append(f"the steps' batches had {len(self.shapes)} shapes (dynamic padding): the Case and its "
                          "memory are the memory step's batch, the step time the median over all of them")
-        if self.memory_padding:
-            lines.append(f"the memory step's attention_mask pads {self.memory_padding} tokens: the model "
-                         "computes with the mask, which the Case does not model (its estimate is unpadded)")
         memory = list(self.memory_shape) if self.memory_shape else None
         return {"batches": {"memory": memory, "shapes": dict(self.shapes)}, "unknown_batches": lines}
 
@@ -316,15 +309,9 @@ class Session:
                 api = "activation_checkpointing_enable" if case.checkpointed_layers else None
                 measurement = measurement_of(case, schedule, unwrapped(self.model), _Loop(self.optimizer, api),
                                              api, self.offload_facts(case), {"spawn_s": None, "setup_s": None,
-                                                                             "model_build_s": None})
-                alone = replace(case, world_size=1, local_sgd_steps=0)  # what a rank's own step is judged as
-                if case.world_size > 1 and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-                    measurement["ddp_bucket_bytes"] = bucket_bytes(self.model)
-                    if not alone.analytic and not measurement.get("simulation"):  # multi-rank: not simulated
-                        measurement.pop("simulation_error", None)
-                        measurement.update(simulated_estimate(alone))
-                if self.held_output_bytes:
-                    judge_with_held_output(alone, measurement, self.held_output_bytes)
+                                                                             "model_build_s": None},
+                                             self.memory_padding)
+                judge_run(case, measurement, self.model, self.held_output_bytes, self.memory_padding)
                 result = {"status": "ok", "reason": "", "measurement": measurement}
             result["device_env"] = device_environment(case.device)
             result["wall_s"] = time.time() - self.t0
@@ -360,31 +347,6 @@ class Session:
         return {"offload_kind": "transformers", "offload_pinned": not unpinned,
                 "offload_moved": case.device == "cuda",
                 "offload_note": f"no pinned host memory ({error})" if error else ""}
-
-
-def annotate(case: Case, record: dict) -> None:
-    """The sweep's checks.  One rank of a DDP run is checked as the one-process step of the same setting
-    plus DDP's gradient buckets (:mod:`ckptbench.theory.ddp`): the sweep's multi-rank points are judged on
-    their collectives, which a tracked rank does not count."""
-    if case.world_size > 1 and case.setup.sharding == "ddp":
-        annotate_record(replace(case, world_size=1, local_sgd_steps=0), record)
-        buckets = (record.get("measurement") or {}).get("ddp_bucket_bytes")
-        if buckets is None:
-            return
-        written = written_buckets(case, buckets)  # none under LocalSGD: its steps run under no_sync
-        ddp_rank_checks(record, written)
-        record["checked_as"] = ("one rank's own step: the one-process estimate of the same setting plus DDP's "
-                                f"gradient buckets ({written:,} B), counted from the backward's first write")
-        if record["status"] == "ok":
-            record["verdict"] = verdict([SimpleNamespace(verdict=c["verdict"]) for c in record["checks"]],
-                                        record.get("gates") or {})
-            if record.get("estimate_source") == "none" and record["verdict"] == "pass":
-                record["verdict"] = "unchecked"  # nothing predicted the memory: never a pass (as the sweep's)
-        return
-    held = (record.get("measurement") or {}).get("loop_held_output_bytes")
-    annotate_record(case, record, by_simulation=bool(held))
-    if held:
-        record["estimate_note"] = held_note(held)
 
 
 def _placeholder():

@@ -41,6 +41,7 @@ class TrainerTracker(TrainerCallback):
         self.probes = None
         self.losses: list = []
         self.fetched: list = []
+        self.batches: list = []  # the update step's batches, as the collator made them
         self.args = None
         self._restore = None  # puts the Trainer's own methods back
         self.trainer = None
@@ -84,7 +85,7 @@ class TrainerTracker(TrainerCallback):
         self.probes = probes_callback(self.session.schedule, self.args.gradient_accumulation_steps, self.losses,
                                       self.fetched, stop_when_done=False, holder=self.session)
         self._restore = instrument(self.trainer, self.session.schedule, self.losses, self.fetched,
-                                   guard=self._guard)
+                                   guard=self._guard, batches=self.batches)
 
     @contained()
     def on_step_begin(self, args, state, control, **kw):
@@ -98,8 +99,8 @@ class TrainerTracker(TrainerCallback):
         if self.session.seen is None and self.fetched:
             autocast = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
             self.session.see(self.fetched[0], autocast=autocast, grad_accum=args.gradient_accumulation_steps)
-        if self.fetched:
-            self.session.note_batch(self.fetched[0])
+        if self.batches:
+            self.session.note_batch(self.batches[0])
         self.probes.on_step_begin(args, state, control, **kw)
 
     @contained()
@@ -137,6 +138,7 @@ class TrainerTracker(TrainerCallback):
         if restore is not None:
             restore()
         self.fetched.clear()  # the last measured step's batch: not kept alive until the next measurement
+        self.batches.clear()
         if self.trainer is None:
             return
         records, self.reported = self.session.records[self.reported:], len(self.session.records)

@@ -58,11 +58,12 @@ def _run(probe, *args) -> None:
     probe(*args)
 
 
-def instrument(trainer, schedule, losses: list, fetched: list, guard=_run):
+def instrument(trainer, schedule, losses: list, fetched: list, guard=_run, batches: list | None = None):
     """Wrap `trainer`'s ``compute_loss``, ``get_batch_samples`` and ``accelerator.clip_grad_norm_`` so the
     memory step's marks are called at the forward's edges and the backward's end (see the module's text).
     Each probe runs through `guard` (a tracked run's contains what it raises; the sweep's raises); the
-    Trainer's own methods always run, unchanged.  Returns what puts the originals back."""
+    Trainer's own methods always run, unchanged; `batches`, when given, gets the update step's batches as
+    the collator made them.  Returns what puts the originals back."""
     original_fetch, original_clip = trainer.get_batch_samples, trainer.accelerator.clip_grad_norm_
     original_loss = trainer.compute_loss
 
@@ -79,6 +80,8 @@ def instrument(trainer, schedule, losses: list, fetched: list, guard=_run):
 
     def keep_fetched(samples, items) -> None:
         fetched[:] = [t for s in samples for t in s.values() if isinstance(t, torch.Tensor)]
+        if batches is not None:
+            batches[:] = list(samples)
         if isinstance(items, torch.Tensor):  # the token count the loss is divided by, also made here
             fetched.append(items)
         running = getattr(trainer, "_tr_loss", None)  # the running loss, made before the first step

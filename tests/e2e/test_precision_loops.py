@@ -20,6 +20,19 @@ from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e
 
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    """Accelerate keeps one state per process: each point here builds its Accelerator from none, as the
+    sweep's worker process does (in whatever order the tests run)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
 QUANTITIES = ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes",
               "peak_bytes", "peak_phase", "checkpointed_input_bytes")
 STRATEGIES = ((0, False), (2, False), (1, False), (1, True))  # none, every-2, full, full+offload

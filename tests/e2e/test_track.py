@@ -159,7 +159,7 @@ def test_torchrun_example_writes_one_record_per_rank(tmp_path):
                                       "activations": tracked["peak_breakdown"]["activations"] + 4}
 
 
-def test_dynamic_padding_records_the_batches_measured_and_the_mask_it_does_not_model(tmp_path):
+def test_dynamic_padding_records_the_batches_measured_and_is_judged_with_the_memory_steps_mask(tmp_path):
     """Batches padded to their longest row (the warm-up 40 tokens, every later step 64, the memory step's
     mask padding 10 of them): the Case is the memory step's batch, each shape counted, both named."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -192,4 +192,50 @@ def test_dynamic_padding_records_the_batches_measured_and_the_mask_it_does_not_m
     seen = record["track"]["batches"]
     assert seen["memory"] == [2, 64] and seen["shapes"]["2x40"] == 1 and set(seen["shapes"]) == {"2x40", "2x64"}
     unknown = " ".join(record["track"]["unknown"])
-    assert "2 shapes (dynamic padding)" in unknown and "pads 10 tokens" in unknown
+    assert "2 shapes (dynamic padding)" in unknown
+    # the mask is modelled: the step is simulated with one padding 10 tokens (sdpa builds a 4-D mask from it)
+    measured = record["measurement"]
+    assert measured["batch_padded_tokens"] == 10 and "pads 10 tokens" in record["estimate_note"]
+    assert record["estimate_source"] == "simulation" and record["verdict"] == "pass", record["checks"]
+    # to the byte but for the loop's labels, a tensor of their own (2 x 64 int64) where the simulated loop's
+    # labels are its input_ids
+    for key in ("peak_bytes", "mem_after_forward_bytes"):
+        assert measured[key] - measured["simulation"][key] == 2 * 64 * 8, key
+    assert measured["peak_phase"] == measured["simulation"]["peak_phase"]
+
+
+@pytest.mark.parametrize("pad", [0, 10], ids=["mask-of-ones", "padded"])
+def test_a_trainer_whose_collator_gives_an_attention_mask_is_simulated_with_it_to_the_byte(tmp_path, pad):
+    """A tokenized dataset's ``attention_mask`` reaches the model through the Trainer: of all ones it is a
+    tensor of the batch the model skips, padding it makes sdpa build its 4-D mask; either way the record
+    equals the simulated step with that mask, to the byte."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from ckptbench.track import TrainerTracker
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                  max_position_embeddings=256, tie_word_embeddings=False, use_cache=False)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    g = torch.Generator().manual_seed(1)
+    data = []
+    for _ in range(24):
+        ids = torch.randint(0, 256, (64,), generator=g)
+        mask = torch.ones(64, dtype=torch.long)
+        mask[64 - pad:] = 0
+        data.append({"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)})
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=12, per_device_train_batch_size=2,
+                             learning_rate=1e-3, report_to="none", disable_tqdm=True, save_strategy="no",
+                             use_cpu=True, dataloader_pin_memory=False, seed=0, logging_steps=100)
+    callback = TrainerTracker(out=str(tmp_path / "records"), echo=False)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.add_callback(callback)
+    trainer.train()
+    record = callback.record
+    measured = record["measurement"]
+    assert record["verdict"] == "pass" and measured["batch_padded_tokens"] == 2 * pad
+    for key in ("peak_bytes", "mem_after_forward_bytes", "peak_phase"):
+        assert measured[key] == measured["simulation"][key], key
+    assert ("pads 20 tokens" in record.get("estimate_note", "")) == bool(pad)

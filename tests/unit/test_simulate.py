@@ -95,3 +95,16 @@ def test_an_fp32_mixture_of_experts_step_is_simulated():
                      max_positions=64, dtype="fp32", config=experts)
     sim = simulate(spec, 2, 16, 1)  # its grouped matmul had a bf16-only fake kernel; to the byte: test_any_model
     assert sim.recomputed_layers == [0, 1] and sim.peak_bytes > sim.params_bytes + sim.optimizer_bytes > 0
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_an_attention_mask_is_simulated_as_transformers_uses_it(attn):
+    """A mask of all ones is a batch tensor the model skips; one that pads makes sdpa build its 4-D boolean
+    mask (b·s·s bytes, held from the forward on); eager builds its causal mask either way."""
+    spec = preset("llama-tiny", attn=attn)
+    plain, ones, padding = (simulate(spec, 2, 64, 1, padded=p) for p in (None, 0, 5))
+    assert ones.mem_after_forward_bytes - plain.mem_after_forward_bytes == 2 * 64 * 8  # the int64 mask itself
+    assert ones.peak_bytes - plain.peak_bytes == 2 * 64 * 8
+    four_d = 2 * 64 * 64 if attn == "sdpa" else 0
+    assert padding.mem_after_forward_bytes - ones.mem_after_forward_bytes == four_d
+    assert (padding.peak_bytes > ones.peak_bytes) == (attn == "sdpa")
