@@ -155,3 +155,29 @@ def test_the_bench_runs_accuracy_and_the_cross_shape_fit_are_its_records():
     assert cross
     predicted, points, n10, n25, mean, largest = cross.groups()
     assert int(points) == 30 and other == (int(predicted), int(n10), int(n25), float(mean), float(largest))
+
+
+def test_the_trackers_overhead_table_is_its_committed_measurement():
+    """docs/track.md's overhead rows, and the sentence on the 1 % target, from the external measurement."""
+    import json
+
+    data = json.loads((ROOT / "results" / "reference-track-overhead" / "overhead.json").read_text())
+    text = (ROOT / "docs" / "track.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| (\S+), (\d+), (\d+) \(([0-9.]+) ms\) \| ([0-9.]+) s \| (\d+)-(\d+) \| ([0-9.]+) s "
+                     r"\[([0-9.]+), ([0-9.]+)\] \|", line)
+        if m:
+            rows[(m[1], int(m[2]), int(m[3]))] = [float(x) for x in m.groups()[3:]]
+    assert len(rows) == len(data["rows"]) == 3
+    highs = []
+    for row in data["rows"]:
+        step_ms, wall, w_lo, w_hi, cost, lo, hi = rows[(row["model"], row["seq"], row["steps"])]
+        assert all(r["status"] == "ok" for r in row["rounds_detail"])
+        assert step_ms == round(row["step_s"] * 1e3, 1) and wall == round(row["plain_wall_s"], 2)
+        assert (w_lo, w_hi) == (min(row["window_steps"]), max(row["window_steps"]))
+        fixed = row["fixed_cost_s"]
+        assert (cost, lo, hi) == tuple(round(x, 2) for x in (fixed["median"], *fixed["interval"]))
+        assert round(fixed["coverage"], 3) == 0.969
+        highs.append(fixed["interval"][1])
+    assert f"at most {max(highs):.2f} s here, which is 1 % of a run of\n{max(highs) * 100:.0f} s" in text
