@@ -4,11 +4,11 @@
     python scripts/achieved_fit.py --from-run results/h100-.../run --name H100
 
 Reads the run's ok single-rank CUDA records (their median step) and its calibration (the host link the
-offload copies crossed), fits :func:`ckptbench.theory.achieved.fit` on every point (the figures a plan
+offload copies crossed), fits :func:`ckptbench.theory.time.achieved.fit` on every point (the figures a plan
 uses: in-sample), predicts each (batch, sequence) shape from the fit on the run's other shapes (held out:
 none of that shape's steps enter its prediction), and writes
 
-- ``ckptbench/theory/achieved_fit.py``: the fitted figures and the held-out 5-95 % ratio interval, and
+- ``ckptbench/theory/time/achieved_fit.py``: the fitted figures and the held-out 5-95 % ratio interval, and
 - a markdown table of every point (measured, in-sample, held-out) on stdout.
 
 ``tests/unit/test_achieved.py`` refits the committed run and requires the module to match.
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--from-run", default=DEFAULT_RUN)
     p.add_argument("--name", default="H200")
-    p.add_argument("--out", default=os.path.join(ROOT, "ckptbench", "theory", "achieved_fit.py"))
+    p.add_argument("--out", default=os.path.join(ROOT, "ckptbench", "theory", "time", "achieved_fit.py"))
     args = p.parse_args(argv)
     fitted = run_fit(args.from_run)
     if fitted is None:

@@ -1,4 +1,4 @@
-"""Derive ckptbench/theory/backward.py's MOMENTS table from the real layers, and say if it changed.
+"""Derive ckptbench/theory/memory/backward.py's MOMENTS table from the real layers, and say if it changed.
 
     python scripts/derive_backward_moments.py [--write] [--only PREFIX]
 
@@ -29,9 +29,9 @@ from ckptbench.measure.storage import LiveStorageTracker, track_training_state
 from ckptbench.spec.case import ModelSpec
 from ckptbench.spec.setup import PRECISIONS
 from ckptbench.spec.strategy import checkpointed_layers
-from ckptbench.theory import backward
-from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
-from ckptbench.theory.simulate import _no_packed_sequence_detection, init_adamw_state
+from ckptbench.theory.memory import backward
+from ckptbench.theory.memory.activations import head_activation_terms, layer_activation_terms
+from ckptbench.theory.memory.simulate import _no_packed_sequence_detection, init_adamw_state
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing
 from ckptbench.train.models import build_model
 

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 from ckptbench.spec.case import preset
 from ckptbench.store.records import load_records
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.simulate import simulate
 
 FAMILIES = ("llama", "qwen2", "gpt2")
 DTYPES = ("fp32", "bf16")

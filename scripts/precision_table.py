@@ -8,8 +8,8 @@ from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import PRECISIONS, Setup
 from ckptbench.spec.strategy import checkpointing_name
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.memory.simulate import simulate
 
 STRATEGIES = ((0, False), (2, False), (1, False), (1, True))
 

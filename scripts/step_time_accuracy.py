@@ -3,7 +3,7 @@
     python scripts/step_time_accuracy.py [--out DIR] [--models llama,qwen2,gpt2]     # run the CPU grid, then judge it
     python scripts/step_time_accuracy.py --from-run results/h200-.../run             # judge any run's records
 
-Each point is predicted by :func:`ckptbench.theory.steptime.predict` from every *other* point of its run
+Each point is predicted by :func:`ckptbench.theory.time.steptime.predict` from every *other* point of its run
 (leave one out): its own measured step never enters its prediction, nor a twin's
 (`theory/steptime.twins`).  A point with other strategies at the same batch and sequence is transformed
 from them, as a sweep predicts its points.  A second table
@@ -53,7 +53,7 @@ def run_model(name: str, index: int, out: str) -> str:
 
     from ckptbench.run.sweep import SweepOptions, run_sweep
     from ckptbench.suite.parse import parse_suite
-    from ckptbench.theory.annotate import annotate_record
+    from ckptbench.theory.verdicts.annotate import annotate_record
 
     preset, layers = MODELS[name]
     grid = points(index)
@@ -70,7 +70,7 @@ def held_out(run_dir: str, other_shapes: bool = False) -> list[dict]:
     from ckptbench.run.calibration import calibrated_link, read_calibration
     from ckptbench.spec.case import Case
     from ckptbench.store.records import load_records
-    from ckptbench.theory.steptime import baselines, predict_from
+    from ckptbench.theory.time.steptime import baselines, predict_from
 
     records = [r for r in load_records(run_dir).records if r.get("status") == "ok"]
     link = calibrated_link(read_calibration(os.path.join(run_dir, "calibration.json"), verify=True))

@@ -12,7 +12,7 @@ import json
 from ..spec.case import ATTENTIONS, PRESETS
 from ..spec.setup import precision_name
 from ..spec.strategy import SAC_POLICIES
-from ..theory import estimate as est_mod
+from ..theory.memory import estimate as est_mod
 from .quick import add_precision_flags, precision_flag, train_lines
 
 GIB = 1024**3
@@ -153,7 +153,7 @@ def _strategy_lines(args: argparse.Namespace) -> list[str]:
 
 def _simulated_only(case) -> int:
     """A model without an analytic estimate: the simulated step is its answer."""
-    from ..theory.simulate import simulate
+    from ..theory.memory.simulate import simulate
 
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                    device=case.device, setup=case.setup, recompute=case.recompute,
@@ -177,7 +177,7 @@ def _sharded(case, world: int) -> int:
     from dataclasses import replace
 
     from ..spec.case import analytic_sharded_point
-    from ..theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
+    from ..theory.comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     case = replace(case, world_size=world, setup=replace(case.setup, sharding="fsdp"))
     if not analytic_sharded_point(case.model, case.setup, case.device):
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     e = est_mod.estimate_case(case)
     sim = None
     if args.simulate:
-        from ..theory.simulate import simulate
+        from ..theory.memory.simulate import simulate
 
         sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                        device=case.device, setup=case.setup, recompute=case.recompute,

@@ -51,7 +51,7 @@ def cmd_calibrate(args) -> int:
 
 def cmd_simulate_suite(args) -> int:
     from ..suite.parse import load_suite
-    from ..theory.simulated import simulate_suite
+    from ..theory.memory.simulated import simulate_suite
 
     suite = load_suite(args.suite)
 
@@ -69,7 +69,7 @@ def cmd_simulate_suite(args) -> int:
 def cmd_gpu_summary(args) -> int:
     from ..report.gpu_summary import format_summary, summarise
     from ..run.calibration import read_calibration
-    from ..theory.simulated import load_simulated
+    from ..theory.memory.simulated import load_simulated
     from .report import require_records
 
     loaded = require_records(args.run, "summarise")

@@ -1,5 +1,5 @@
 """``ckptbench plan --optimize``: the best per-layer checkpointing policy under the budget, found exactly
-(:mod:`ckptbench.theory.optimize`), set beside the best of the strategies ``plan`` ranks, and handed over as
+(:mod:`ckptbench.theory.policy.optimize`), set beside the best of the strategies ``plan`` ranks, and handed over as
 ``TrainingArguments`` keywords, a ``policy.py`` and a suite (:mod:`.handover`); ``--verify`` runs the optimum
 and the best ranked strategy as a sweep here and sets measured beside predicted.
 
@@ -90,7 +90,7 @@ def _size(flag: str, text: str | None) -> int | None:
 
 
 def host_budget(args, world: int):
-    from ..theory.optimize import HostBudget
+    from ..theory.policy.optimize import HostBudget
 
     ranks = args.ranks_per_host or min(world, 8)
     return HostBudget(_size("--pinned-memory", args.pinned_memory), _size("--host-memory", args.host_memory), ranks)
@@ -106,8 +106,8 @@ def _refuse_flags(args) -> None:
 
 def cmd_optimize(args) -> int:
     from ..spec.case import analytic_point
-    from ..theory import plan as planner
-    from ..theory.optimize import optimize
+    from ..theory.policy import plan as planner
+    from ..theory.policy.optimize import optimize
     from .plan import assumptions, not_ranked, predictor, sac_policies, streams
     from .planspeed import step_timer
 

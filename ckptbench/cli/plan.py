@@ -60,11 +60,11 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
     """The analytic estimate where it describes the point (:func:`~ckptbench.spec.case.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
     simulation extrapolated to full depth; with `sac`, each policy's own few-layer fit beside it
-    (:class:`~ckptbench.theory.planstrategies.PerStrategy`).  `across`: fit batch 1 across sequence lengths too
+    (:class:`~ckptbench.theory.policy.planstrategies.PerStrategy`).  `across`: fit batch 1 across sequence lengths too
     (the longest length each strategy reaches; its simulations at 2 and 4 times `seq` are the slowest)."""
     from ..spec.case import analytic_point, analytic_sharded_point
     from ..spec.setup import Setup
-    from ..theory import plan as planner
+    from ..theory.policy import plan as planner
 
     setup = setup or Setup()
     sharded = None
@@ -80,9 +80,9 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
     if base is not None and not sac:
         return base
     from ..spec.strategy import Recompute
-    from ..theory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
-    from ..theory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
-    from ..theory.planstrategies import PerStrategy
+    from ..theory.memory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
+    from ..theory.memory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
+    from ..theory.policy.planstrategies import PerStrategy
 
     offloads = (False, True) if a.device == "cuda" else (False,)
     # every few-layer step is independent: one process per core simulates them
@@ -102,7 +102,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
             return base
         policies = {p: fitted(Recompute(sac=p), f"SAC policy {p}") for p in sac}
         if sharded is not None:
-            from ..theory.planstrategies import ShardedPerStrategy
+            from ..theory.policy.planstrategies import ShardedPerStrategy
 
             return ShardedPerStrategy(sharded, base, policies)
         return PerStrategy(base, policies)
@@ -123,8 +123,8 @@ def sac_policies(text: str | None) -> tuple[str, ...]:
 
 
 def not_ranked(a, predict, sac: tuple[str, ...], verify: bool = False) -> dict[str, str]:
-    """The strategies this plan leaves out, each with why (:data:`~ckptbench.theory.planstrategies.NOT_RANKED`)."""
-    from ..theory.planstrategies import NOT_RANKED
+    """The strategies this plan leaves out, each with why (:data:`~ckptbench.theory.policy.planstrategies.NOT_RANKED`)."""
+    from ..theory.policy.planstrategies import NOT_RANKED
 
     out = dict(NOT_RANKED)
     if not sac:
@@ -143,8 +143,8 @@ def not_ranked(a, predict, sac: tuple[str, ...], verify: bool = False) -> dict[s
 
 def streams(a, predict) -> bool:
     """Whether the plan ranks streamed offload: a CUDA plan of one unsharded rank from the analytic estimate."""
-    from ..theory import plan as planner
-    from ..theory.planstrategies import PerStrategy
+    from ..theory.policy import plan as planner
+    from ..theory.policy.planstrategies import PerStrategy
 
     base = predict.base if isinstance(predict, PerStrategy) else predict
     return a.device == "cuda" and a.sharding == "ddp" and type(base) is planner.Analytic
@@ -166,7 +166,7 @@ def _check_html(path: str | None) -> None:
 def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
     """Replace the CUDA margins in `a` by those a CUDA run's records measured."""
     from ..store.records import load_records
-    from ..theory.margins import MAX_DEVICE_BYTES, measured_margins
+    from ..theory.memory.margins import MAX_DEVICE_BYTES, measured_margins
 
     loaded = load_records(run_dir)
     for note in loaded.notes():
@@ -189,7 +189,7 @@ def _measured_margins(a: dict, sources: dict, run_dir: str) -> None:
 
 def assumptions(args):
     from ..run.calibration import calibrated_link, read_calibration
-    from ..theory import plan as planner
+    from ..theory.policy import plan as planner
 
     if args.sharding == "fsdp" and (args.world < 2 or args.local_sgd_steps):
         raise UsageError("--sharding fsdp: shards state over --world N > 1 ranks that step together "
@@ -232,7 +232,7 @@ def assumptions(args):
 
 
 def cmd_plan(args) -> int:
-    from ..theory import plan as planner
+    from ..theory.policy import plan as planner
     from .planview import render, run_label
 
     _check_html(args.html)
@@ -329,7 +329,7 @@ def add_parser(sub) -> None:
                         "gradients and optimizer state sharded over the ranks); memory is per rank")
     p.add_argument("--local-sgd-steps", type=at_least_zero, default=0, metavar="K",
                    help="with --world: average parameters every K steps instead of gradients every step")
-    from ..theory.network import LINKS
+    from ..theory.comm.network import LINKS
 
     p.add_argument("--network", default="NVLink", choices=[k.name for k in LINKS],
                    help="the link between ranks for --world (default NVLink); past --ranks-per-host, the network "

@@ -12,9 +12,9 @@ def network_of(args, cal: dict, sources: dict):
     """The link the plan's collectives cross (a measured one from the calibration, or None: the named
     links), refusing a world that does not split into hosts or a link that cannot join them; says in
     `sources` what is assumed."""
-    from ..theory.network import link_named, measured_link
-    from ..theory.plan import Assumptions
-    from ..theory.planspeed import ring_link
+    from ..theory.comm.network import link_named, measured_link
+    from ..theory.policy.plan import Assumptions
+    from ..theory.time.planspeed import ring_link
 
     n, per = args.world, args.ranks_per_host or 8
     net = link_named(args.network)
@@ -47,12 +47,12 @@ def network_of(args, cal: dict, sources: dict):
 def step_timer(args, a, threads: int):
     """Who times the plan's steps: baseline steps measured here and transformed (this CPU, or the card itself
     when the plan runs on it: :class:`~ckptbench.run.baselines.MeasuredTimer`), else the traced step at the
-    rates a measured card's kernels reached (:class:`~ckptbench.theory.achieved.AchievedTimer`: the committed
+    rates a measured card's kernels reached (:class:`~ckptbench.theory.time.achieved.AchievedTimer`: the committed
     H200 run, or --from-run's CUDA records), or with --lower-bound the card's datasheet roofline
-    (:class:`~ckptbench.theory.plantime.DatasheetTimer`)."""
+    (:class:`~ckptbench.theory.time.plantime.DatasheetTimer`)."""
     from ..run.baselines import MeasuredTimer
-    from ..theory.achieved import AchievedTimer
-    from ..theory.plantime import DatasheetTimer
+    from ..theory.time.achieved import AchievedTimer
+    from ..theory.time.plantime import DatasheetTimer
 
     if a.device == "cpu":
         return MeasuredTimer(args.rates_dir, threads)
@@ -69,17 +69,17 @@ def step_timer(args, a, threads: int):
     if fit is not None:
         fitted = fit[0]
     else:
-        from ..theory.achieved_fit import H200 as fitted
+        from ..theory.time.achieved_fit import H200 as fitted
     return AchievedTimer(a.device_name, fitted, a.link_bytes_per_s)
 
 
 def run_fit(run_dir: str):
     """The achieved fractions of a CUDA run's single-rank records (at least two shapes) and a row per point
-    (:func:`~ckptbench.theory.achieved.achieved_from`), or None."""
+    (:func:`~ckptbench.theory.time.achieved.achieved_from`), or None."""
     from ..run.calibration import read_calibration
     from ..spec.case import Case
     from ..store.records import load_records
-    from ..theory.achieved import achieved_from
+    from ..theory.time.achieved import achieved_from
 
     records = [r for r in load_records(run_dir).records
                if r.get("status") == "ok" and r["case"].get("device") == "cuda"

@@ -18,7 +18,7 @@ def run_label(case) -> str:
 
 
 def render(case, seq: int, options, a, why_nothing: str = "") -> str:
-    from ..theory.plan import merged, recommendation, shown_rows
+    from ..theory.policy.plan import merged, recommendation, shown_rows
 
     gib = 2**30
     ranks = f" × {a.world} ranks (tokens/s of all of them)" if a.world > 1 else ""

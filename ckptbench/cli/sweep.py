@@ -81,7 +81,7 @@ def _cap(args) -> int | None:
 
 def _projection(cases, measured):
     """(Projection or None, the line that states it); `measured` is ``machine_rates``' answer."""
-    from ..theory.duration import project
+    from ..theory.time.duration import project
 
     rates, why = measured
     if rates is None:
@@ -147,7 +147,7 @@ def _plan_file(path: str | None) -> str | None:
 
 def _with_projection(annotate, plan_state: dict):
     """Each record keeps the time projected for its point, so a finished sweep shows how close it came."""
-    from ..theory.duration import point_seconds
+    from ..theory.time.duration import point_seconds
 
     def both(case, record):
         annotate(case, record)
@@ -160,8 +160,8 @@ def _with_projection(annotate, plan_state: dict):
 
 def _took(records: list[dict], elapsed_s: float) -> str:
     """The sweep's time beside the projection for the points it ran (the sweep's own start included:
-    :func:`~ckptbench.theory.duration.start_seconds`)."""
-    from ..theory.duration import start_seconds
+    :func:`~ckptbench.theory.time.duration.start_seconds`)."""
+    from ..theory.time.duration import start_seconds
 
     ran = [r for r in records if r.get("projected_s") is not None]
     if not ran:
@@ -269,7 +269,7 @@ def cmd_sweep(args) -> int:
             console.print(f"{len(todo)} runs to do{times}; {line}")
             if suite.attn_note:  # said once the directory is accepted: an error stays one line
                 console.print(f"attention: {suite.attn_note}")
-    from ..theory.annotate import annotate_record
+    from ..theory.verdicts.annotate import annotate_record
     from .progress import slot_lines
 
     with _progress() as progress:

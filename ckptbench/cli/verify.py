@@ -36,8 +36,8 @@ def verify(args, planned, options, a, predict, timer=None) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
     from ..suite.parse import parse_suite
-    from ..theory.annotate import annotate_record
-    from ..theory.plan import step_seconds
+    from ..theory.policy.plan import step_seconds
+    from ..theory.verdicts.annotate import annotate_record
     from .quick import model_lines
 
     fitting = [o for o in options if o.max_batch and o.tokens_per_s]
@@ -72,7 +72,7 @@ def verify(args, planned, options, a, predict, timer=None) -> int:
 
     run_sweep(suite, SweepOptions(out_dir=out), annotate=annotate)
     from ..store.files import write_text_atomic
-    from ..theory.plan import to_dict
+    from ..theory.policy.plan import to_dict
 
     write_text_atomic(os.path.join(out, "plan.json"), json.dumps(to_dict(options, a, args.seq, spec.label), indent=2))
     print(f"\nverify ({out}): predicted vs measured on this machine, none of these points used to predict")

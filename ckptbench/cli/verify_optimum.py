@@ -45,7 +45,7 @@ def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list
     from ..spec.strategy import checkpointed_layers
     from ..store.records import load_records
     from ..suite.parse import parse_suite
-    from ..theory.annotate import annotate_record
+    from ..theory.verdicts.annotate import annotate_record
     from .handover import policy_name as _name
     from .handover import suite_file
     from .quick import model_lines, train_lines

@@ -1,7 +1,7 @@
 """Bus bytes: the nccl-tests convention that turns a collective's payload into what a link carries.
 
 A unit convention, not a prediction: the collective probe applies it to the payloads it observes, and
-the communication formulas of :mod:`ckptbench.theory.comm` use the same one.  Torch-free.
+the communication formulas of :mod:`ckptbench.theory.comm.comm` use the same one.  Torch-free.
 """
 
 from __future__ import annotations

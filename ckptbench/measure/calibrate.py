@@ -1,6 +1,6 @@
 """Calibration of a CUDA machine, once per run: pinned host↔device copy bandwidth and a bf16 matmul rate.
 
-The bandwidth bounds what offloaded checkpointing can cost (:mod:`ckptbench.theory.offload`); the matmul
+The bandwidth bounds what offloaded checkpointing can cost (:mod:`ckptbench.theory.memory.offload`); the matmul
 rate is the practical ceiling MFU* is taken against.  Only this module needs CUDA.
 """
 

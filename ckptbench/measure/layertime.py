@@ -1,6 +1,6 @@
 """Each decoder layer's forward, timed in place during the steps a point times.
 
-The step-time model (:mod:`ckptbench.theory.steptime`) predicts a setting's step from a measured step of
+The step-time model (:mod:`ckptbench.theory.time.steptime`) predicts a setting's step from a measured step of
 the same workload: what checkpointing adds is the recomputed layers' forward, so the forward of every
 layer is what a point's steps must show.  :class:`LayerClock` puts a forward pre- and post-hook on each
 decoder layer and, between :meth:`~LayerClock.start` and :meth:`~LayerClock.stop` (the schedule's timed

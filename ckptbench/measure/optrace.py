@@ -10,8 +10,8 @@ broadcast dimension, stride 0, counts once).  Copies the step makes outside the 
 host↔device copies of offloaded activations) are filed by :meth:`OpRecorder.copy` as ``copy.d2h`` /
 ``copy.h2d`` entries.
 
-It runs on real or fake tensors alike; the roofline (:mod:`ckptbench.theory.roofline`) traces the step on
-fake tensors (:func:`ckptbench.theory.optrace.trace_case`), so nothing is allocated and nothing is timed
+It runs on real or fake tensors alike; the roofline (:mod:`ckptbench.theory.time.roofline`) traces the step on
+fake tensors (:func:`ckptbench.theory.time.optrace.trace_case`), so nothing is allocated and nothing is timed
 here.  The signature is plain JSON (:func:`signature`), so a trace can be stored and compared.
 """
 

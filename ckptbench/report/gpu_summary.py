@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 from ..store.records import latest_per_case
-from ..theory.flops import utilisation
-from ..theory.offload import offload_bound_s
-from ..theory.simulated import beside_measurements
+from ..theory.memory.offload import offload_bound_s
+from ..theory.memory.simulated import beside_measurements
+from ..theory.time.flops import utilisation
 
 
 def twin_key(case: dict, *differing: str) -> str:
@@ -74,7 +74,7 @@ def point_rows(records: list[dict], measured_peak: float | None = None) -> list[
     """Per successful point: step time, MFU/HFU, and the measured vs ideal recompute ratio.
 
     The measured ratio divides the point's median step time by that of the same point with no
-    checkpointing (every_n_layers 0); the ideal one is pure FLOP arithmetic (see :mod:`ckptbench.theory.flops`).
+    checkpointing (every_n_layers 0); the ideal one is pure FLOP arithmetic (see :mod:`ckptbench.theory.time.flops`).
     """
     latest = latest_per_case(records)
     base = {twin_key(r["case"], "every_n_layers", "offload"): r for r in latest

@@ -1,7 +1,7 @@
 """Projected step time on named links for DDP and each K of a local-SGD run: a projection, labelled so.
 
 Inputs are the run's own observations per optimizer step (all-reduces, bus bytes, compute time); the
-model and the links' α and β are :mod:`ckptbench.theory.network`'s, stated beside the table.  Compute is
+model and the links' α and β are :mod:`ckptbench.theory.comm.network`'s, stated beside the table.  Compute is
 one figure for every K: the median step of the local-SGD points less their averagings, steps that ran
 no collective at all.  DDP's own step also holds its reducer's loopback all-reduce, which is exactly
 what the projected link replaces, so it is used only when the run has no local-SGD point.  The
@@ -16,7 +16,7 @@ import statistics
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..theory.network import LINKS, NEGLIGIBLE, crossover_k, project_step, sync_s
+from ..theory.comm.network import LINKS, NEGLIGIBLE, crossover_k, project_step, sync_s
 from .figures import STYLE, Figure, _colors, _encode
 from .localsgd_quality import series_label
 

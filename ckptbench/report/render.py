@@ -17,7 +17,7 @@ import jinja2
 from ..base.regularfile import open_regular
 from ..store.files import remove_quietly, write_text_atomic
 from ..store.records import load_records
-from ..theory.simulated import beside_measurements, load_simulated
+from ..theory.memory.simulated import beside_measurements, load_simulated
 from . import (
     answers_table,
     check_format,

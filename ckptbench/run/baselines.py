@@ -4,7 +4,7 @@ For each candidate, the model is measured without checkpointing at the candidate
 shallow (one and two decoder layers; a model of two layers or fewer whole): a few real steps through the
 point's own loop, each layer's forward timed in place (:class:`~ckptbench.measure.layertime.LayerClock`).
 The step at the candidate's depth is the one-layer step plus the layers beyond it at the two-layer step's
-difference, and the candidate's strategy adds what :func:`ckptbench.theory.steptime.added_s` says: each
+difference, and the candidate's strategy adds what :func:`ckptbench.theory.time.steptime.added_s` says: each
 checkpointed layer's measured forward, and offload's copies at the link.  A selective-checkpointing
 candidate's checkpointed layer is measured as such (one layer, checkpointed with its policy and offload),
 its recomputed share being the policy's.  Each baseline is measured once per plan and kept in memory, and
@@ -34,8 +34,8 @@ from ..base.regularfile import open_regular
 from ..spec.case import Case
 from ..spec.strategy import Recompute
 from ..store.files import write_text_atomic
-from ..theory.roofline import HOST_LINK_BYTES_PER_S
-from ..theory.steptime import added_s
+from ..theory.time.roofline import HOST_LINK_BYTES_PER_S
+from ..theory.time.steptime import added_s
 
 WARMUP, TIMED = 2, 5
 FORWARD_AGREEMENT = 0.25  # a layer's forward in the one-layer step against the two-layer step's, relative

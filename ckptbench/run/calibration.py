@@ -12,7 +12,7 @@ import sys
 from ..base.errors import UsageError
 from ..base.regularfile import open_regular
 from ..spec.case import Case
-from ..theory.duration import Rates, rate_key
+from ..theory.time.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120
 

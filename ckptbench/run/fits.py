@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..spec.case import Case
-from ..theory.estimate import estimate_case
+from ..theory.memory.estimate import estimate_case
 from .hostmem import HostMemory, human_bytes, read_host_memory
 
 # The resident memory of a process that imported the fork server's preload (ckptbench.run.worker and

@@ -279,13 +279,13 @@ def rank_memory(data: dict) -> dict:
 
 def ddp_measurement(data: dict) -> dict:
     """A DDP or local-SGD point's memory: each rank's exact step (:func:`rank_memory`), rank 0's after-forward
-    memory, and DDP's gradient buckets (one element per trainable parameter element, :mod:`..theory.ddp`)."""
+    memory, and DDP's gradient buckets (one element per trainable parameter element, :mod:`ckptbench.theory.verdicts.ddp`)."""
     out = rank_memory(data)
     if out:
         r0 = data["ranks"][0]
         first = r0["memory"][0]
         out["ddp_bucket_bytes"] = r0["grad_bytes"]
-        # rank 0's two meters, as a one-process record states them (theory/meters.py, theory/ddp.py)
+        # rank 0's two meters, as a one-process record states them (theory/verdicts/meters.py, theory/verdicts/ddp.py)
         out.update({k: first.get(k) for k in ("mem_after_forward_bytes", "tracked_start_bytes",
                                               "tracked_resident_peak_bytes", "allocator_growth_bytes",
                                               "allocator_unlisted_frees_bytes")})

@@ -26,7 +26,7 @@ def result_path(out_dir: str, case: Case, sync_impl: str) -> str:
 
 def summarise(case: Case, ranks: list[dict], sync_impl: str) -> dict:
     """Rank-0 view plus the numbers a report plots: payload per rank, collectives per sync, losses."""
-    from ..theory.comm import comm_estimate
+    from ..theory.comm.comm import comm_estimate
 
     r0 = ranks[0]
     if case.setup.sharding == "fsdp":

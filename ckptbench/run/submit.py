@@ -130,7 +130,7 @@ class ShardJob(submitit.helpers.Checkpointable):
         return summary
 
     def _run(self, job: str) -> dict:
-        from ..theory.annotate import annotate_record
+        from ..theory.verdicts.annotate import annotate_record
 
         stop = StopRequest()
         warning = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))

@@ -175,9 +175,9 @@ def run_link(out_dir: str) -> float | None:
 
 
 def step_time_prediction(case: Case, measured: list, link: float | None) -> dict:
-    """The step-time model's prediction for a point that ran (:func:`ckptbench.theory.steptime.predict_from`),
+    """The step-time model's prediction for a point that ran (:func:`ckptbench.theory.time.steptime.predict_from`),
     from the baselines of the run's points recorded before it, offload's copies at `link` on CUDA."""
-    from ..theory.steptime import predict_from
+    from ..theory.time.steptime import predict_from
 
     try:
         return predict_from(case, measured, link if case.device == "cuda" else None)
@@ -297,7 +297,7 @@ def _run_locked(suite: Suite, options: SweepOptions, store: RecordStore, slots, 
     deadline = time.monotonic() + 60 * options.max_minutes if options.max_minutes is not None else None
     shard = f"{options.shard[0]}/{options.shard[1]}"
     baseline = [WORKER_BASELINE_BYTES]  # a worker's resident memory before its step: measured by each worker
-    from ..theory.steptime import Baseline, baselines
+    from ..theory.time.steptime import Baseline, baselines
 
     measured = baselines(recorded)  # the step-time model's baselines, each record read once
     link = run_link(options.out_dir)

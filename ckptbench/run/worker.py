@@ -25,7 +25,7 @@ from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
 from ..spec.case import Case
 from ..store.files import write_json_atomic
-from ..theory.flops import figures as flop_figures
+from ..theory.time.flops import figures as flop_figures
 from ..train.adapters import adapter_facts, base_parameter_count, with_adapters
 from ..train.checkpointing import decoder_layers, offload_for
 from ..train.environment import torch_environment
@@ -275,8 +275,8 @@ def simulated_estimate(case: Case, padded: int | None = None) -> dict:
     run here after the measured steps (it needs torch, the sweep's parent has none).  Its figures are the
     estimate the record is checked against; a model it cannot simulate says why instead.  `padded`: the
     step's batch has an attention mask padding that many tokens (a tracked run's)."""
-    from ..theory.simulate import simulate
-    from ..theory.simulated import simulate_case
+    from ..theory.memory.simulate import simulate
+    from ..theory.memory.simulated import simulate_case
 
     line = simulate_case(case, simulate, padded)  # data-dependent routing, an op FakeTensor cannot run: a reason
     if line["status"] != "ok":

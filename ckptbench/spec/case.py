@@ -192,7 +192,7 @@ def canonical_config(extra: dict) -> str:
 # (autocast, families) the analytic estimate has mixed-precision terms for, under the manual loop on a CPU
 # (tests/unit/test_mixed_estimate.py holds them to the simulated step byte for byte)
 ANALYTIC_MIXED = {"bf16": ("llama", "qwen2")}
-# the optimizers whose state and step temporaries the analytic estimate derives (theory/params.py
+# the optimizers whose state and step temporaries the analytic estimate derives (theory/memory/params.py
 # optimizer_step_bytes); Adafactor and 8-bit AdamW are estimated by the simulation of their step
 ANALYTIC_OPTIMIZERS = ("adamw", "adamw-loop", "adamw-foreach", "sgd")
 
@@ -218,7 +218,7 @@ def not_analytic_because(model: ModelSpec, setup: Setup, device: str = "cpu") ->
     if setup.optimizer not in ANALYTIC_OPTIMIZERS:
         return f"the analytic estimate has no terms for {setup.optimizer}'s state and step"
     if setup.sharding != "ddp":
-        return "a sharded point's per-rank figures come from theory/fsdp.py"
+        return "a sharded point's per-rank figures come from theory/comm/fsdp.py"
     if setup.autocast and not (device == "cpu" and model.dtype == "fp32"
                                and model.family in ANALYTIC_MIXED.get(setup.autocast, ())):
         return (f"the analytic estimate covers {setup.autocast}-mixed for "
@@ -227,7 +227,7 @@ def not_analytic_because(model: ModelSpec, setup: Setup, device: str = "cpu") ->
 
 
 def analytic_sharded_point(model: ModelSpec, setup: Setup, device: str = "cpu") -> bool:
-    """Whether the per-rank FSDP2 estimate (:func:`ckptbench.theory.fsdp.fsdp_memory_estimate`) describes a
+    """Whether the per-rank FSDP2 estimate (:func:`ckptbench.theory.comm.fsdp.fsdp_memory_estimate`) describes a
     model trained so: the analytic estimate of its compute precision describes it unsharded.  bf16-mixed
     under FSDP2 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 weights) computes
     over bf16 parameters without autocast, so its compute is a pure-bf16 model's, on any device.  The

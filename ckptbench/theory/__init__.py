@@ -1,2 +1,2 @@
-"""Predictions and verdicts: the analytic estimate, FLOP and communication formulas, the FakeTensor
-simulation, and the checks that set each prediction beside an observation."""
+"""Predictions and verdicts, by what they predict: memory (bytes), comm (collectives), time (seconds),
+policy (which setting), verdicts (prediction beside observation); imports point down that order."""

@@ -2,7 +2,7 @@
 beyond the sweep's step.
 
 - One rank of a DDP run: the one-process step of the same setting plus DDP's gradient buckets
-  (:mod:`ckptbench.theory.ddp`); the sweep's multi-rank points are judged on their collectives instead.
+  (:mod:`ckptbench.theory.verdicts.ddp`); the sweep's multi-rank points are judged on their collectives instead.
 - A batch with an ``attention_mask``: the simulated step with a mask padding as many tokens as the memory
   step's did (transformers' sdpa builds a 4-D mask from one that pads; a Case is unpadded, the sweep's
   point of it has no mask).
@@ -18,9 +18,9 @@ import torch
 
 from ..run.worker import simulated_estimate
 from ..spec.case import Case
-from ..theory.annotate import annotate_record
-from ..theory.checks import verdict
-from ..theory.ddp import bucket_bytes, ddp_rank_checks, written_buckets
+from ..theory.verdicts.annotate import annotate_record
+from ..theory.verdicts.checks import verdict
+from ..theory.verdicts.ddp import bucket_bytes, ddp_rank_checks, written_buckets
 from .held import held_note, judge_with_held_output
 
 

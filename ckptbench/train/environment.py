@@ -50,7 +50,7 @@ def torch_environment(touch_cuda: bool) -> dict:
         "device_name": None,
         "device_memory_bytes": None,
         "cuda_capability": None,  # "major.minor" of device 0: sizes torch's cuBLAS workspaces
-        # as the worker inherits it: sets the cuBLAS workspaces' size when given (theory/workspaces.py)
+        # as the worker inherits it: sets the cuBLAS workspaces' size when given (theory/memory/workspaces.py)
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "devices": [],
         "pinned_memory": None,

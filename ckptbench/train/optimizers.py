@@ -1,7 +1,7 @@
 """The optimizers a point can train with (``Setup.optimizer``), each built as its users build it.
 
 One table says what each name is: the class and the settings it is constructed with.  The manual loop, the
-Accelerate loop, local SGD and the simulation (:mod:`ckptbench.theory.loop_step`) call
+Accelerate loop, local SGD and the simulation (:mod:`ckptbench.theory.memory.loop_step`) call
 :func:`build_optimizer`; the Trainer loop asks ``TrainingArguments`` for the same optimizer the way Trainer
 users do (:func:`trainer_choice`), and ``tests/unit/test_optimizers.py`` holds the two to the same class
 and settings through Trainer's own ``get_optimizer_cls_and_kwargs``.

@@ -23,7 +23,7 @@ On CUDA, per checkpointed layer call (a *group*):
   was prefetched), then prefetches group g-1 (the checkpointed layer before, whose backward comes next) on
   the side stream; the compute stream waits on a tensor's event before it is used and ``record_stream``
   tells the allocator the compute stream uses it.  One group's inputs are prefetched beyond what
-  transformers' offload holds: the extra device memory of this design (``theory/estimate.py``).
+  transformers' offload holds: the extra device memory of this design (``theory/memory/estimate.py``).
 
 A packed tensor is a small object holding its host buffer, freed with the graph as ``save_on_cpu``'s are;
 the shared object keeps only the groups' not-yet-unpacked entries (to prefetch them) and the prefetched

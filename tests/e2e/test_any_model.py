@@ -8,7 +8,7 @@ import pytest
 from ckptbench.run.worker import Unsupported, measure
 from ckptbench.spec.case import Case, ModelSpec, canonical_config
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record, checkpointed_input_formula
+from ckptbench.theory.verdicts.annotate import annotate_record, checkpointed_input_formula
 from ckptbench.train.checkpointing import offload_without_pinning
 from tests.conftest import covering
 

@@ -103,7 +103,7 @@ def test_checkpointed_layers_are_observed_not_assumed(dtype):
     import torch
 
     from ckptbench.run.worker import _memory_step
-    from ckptbench.theory.checks import check
+    from ckptbench.theory.verdicts.checks import check
     from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing
     from ckptbench.train.models import build_model, synthetic_batch
 

@@ -19,7 +19,7 @@ from ckptbench.spec.case import Case, preset
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: inductor compiles, cold cache (57 s)
 

@@ -10,7 +10,7 @@ from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 from ckptbench.train.checkpointing import pinned_memory_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: two DDP ranks offloading (13 s)

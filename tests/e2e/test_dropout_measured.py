@@ -8,7 +8,7 @@ import pytest
 from ckptbench.run.worker import measure
 from ckptbench.spec.case import Case, ModelSpec, canonical_config
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e
 

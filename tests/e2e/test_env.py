@@ -20,7 +20,7 @@ from ckptbench.run.machine import Machine
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite, parse_suite
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,13 @@ from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.fsdp import PEAK_TOLERANCE, fsdp_case_comm, fsdp_memory_estimate, in_flight_allowance
+from ckptbench.theory.comm.fsdp import (
+    PEAK_TOLERANCE,
+    fsdp_case_comm,
+    fsdp_memory_estimate,
+    in_flight_allowance,
+)
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +111,7 @@ def assert_rank_memory_exact(m: dict, c: Case) -> None:
         assert mem["params_bytes"] == est["params_bytes"]  # the padded shards and the buffers
         assert mem["optimizer_bytes"] == est["optimizer_bytes"]
         # the peak to the byte, in the layer's backward the composition names; on a loaded machine a rank
-        # may hold up to one in-flight reduce-scatter buffer more (theory/fsdp.py), never less
+        # may hold up to one in-flight reduce-scatter buffer more (theory/comm/fsdp.py), never less
         excess = mem["peak_bytes"] - est["peak_bytes"]
         assert 0 <= excess <= in_flight_allowance(c), (r["rank"], mem["peak_bytes"], est["peak_bytes"])
         # inside a layer's backward: shards + the unsharded root + one unsharded layer, seen through resize_;

@@ -11,7 +11,7 @@ import pytest
 from ckptbench.run.launch import run_distributed_cases
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.comm import comm_estimate
+from ckptbench.theory.comm.comm import comm_estimate
 
 pytestmark = pytest.mark.e2e
 
@@ -175,7 +175,7 @@ def test_each_ranks_step_is_measured_exactly_and_ddp_adds_its_buckets(accelerate
     of every trainable byte, counted from the backward's first write); local SGD runs under no_sync and
     writes none, so its step is the one-process step; the meters agree as far as the buckets allow."""
     from ckptbench.run.launch import flatten_measurement
-    from ckptbench.theory.annotate import annotate_record
+    from ckptbench.theory.verdicts.annotate import annotate_record
 
     flat = {k: flatten_measurement(ACCELERATE_CASES[k], accelerate_runs[k]) for k in ("k0", "k4")}
     for name, m in flat.items():

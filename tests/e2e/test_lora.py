@@ -14,8 +14,8 @@ from ckptbench.spec.setup import PRECISIONS, Lora, Setup
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 
 pytestmark = [pytest.mark.e2e,
@@ -40,7 +40,7 @@ GRID = [("fp32", "manual", n, off) for n, off in STRATEGIES]
 GRID += [("fp32", "trainer", 1, False), ("fp32", "trainer", 2, False), ("fp32", "accelerate", 2, False),
          ("bf16-mixed", "manual", 0, False), ("bf16-mixed", "trainer", 0, False),
          # a bf16 matmul's scratch (below the dispatcher) meets the saved RNG states here: the meters'
-         # allowance names it (theory/meters.py)
+         # allowance names it (theory/verdicts/meters.py)
          ("bf16-mixed", "manual", 1, False),
          # the base loaded in bf16, as the PEFT guides load it (plan's default with --lora): fp32 adapters
          ("bf16", "manual", 0, False), ("bf16", "manual", 1, False)]

@@ -16,7 +16,7 @@ from ckptbench.run.hostmem import human_bytes
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
-from ckptbench.theory.estimate import estimate_case
+from ckptbench.theory.memory.estimate import estimate_case
 
 from .test_sweep import SIX
 

@@ -12,8 +12,8 @@ from ckptbench.run.worker import Unsupported, measure
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import PRECISIONS, Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,7 @@ def test_measured_step_equals_the_predicted_one_to_the_byte(point):
         for q in ("optimizer_bytes", "mem_after_forward_bytes", "peak_phase"):
             assert m[q] == est[q], (q, m[q], est[q])
         # exact, the per-parameter AdamW's step included: two copies of the largest tensor beside the
-        # denominator of the parameter before it (theory/params.py loop_step)
+        # denominator of the parameter before it (theory/memory/params.py loop_step)
         assert m["peak_bytes"] == est["peak_bytes"] and m["peak_breakdown"] == est["peak_breakdown"]
 
 

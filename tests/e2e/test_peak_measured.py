@@ -12,9 +12,9 @@ import pytest
 from ckptbench.run.worker import measure
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.checks import check
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.verdicts.checks import check
 from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e

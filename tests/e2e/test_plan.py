@@ -17,8 +17,8 @@ from ckptbench.spec.case import preset
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
-from ckptbench.theory.extrapolate import Simulated, extrapolation
-from ckptbench.theory.plan import Assumptions, plan, strategies
+from ckptbench.theory.memory.extrapolate import Simulated, extrapolation
+from ckptbench.theory.policy.plan import Assumptions, plan, strategies
 
 pytestmark = pytest.mark.e2e
 

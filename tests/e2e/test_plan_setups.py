@@ -19,10 +19,10 @@ from ckptbench.spec.strategy import checkpointed_layers
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
-from ckptbench.theory.extrapolate import Simulated, extrapolation
-from ckptbench.theory.fsdp import in_flight_allowance
-from ckptbench.theory.plan import Assumptions, ShardedAnalytic, plan
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.comm.fsdp import in_flight_allowance
+from ckptbench.theory.memory.extrapolate import Simulated, extrapolation
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.policy.plan import Assumptions, ShardedAnalytic, plan
 
 # make test-all only: planner boundaries for LoRA and FSDP by sweep (55 s)
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")]

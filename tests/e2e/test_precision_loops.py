@@ -13,9 +13,9 @@ from ckptbench.run.worker import measure
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import PRECISIONS, Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.loop_step import LoopStep
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.loop_step import LoopStep
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e
@@ -82,7 +82,7 @@ def test_measured_step_equals_the_simulated_one_to_the_byte(point):
         est = record["estimate"]
         for q in ("mem_after_forward_bytes", "activations_after_forward_bytes", "peak_phase"):
             assert m[q] == est[q], (q, m[q], est[q])
-        # exact, the optimizer step included (the per-parameter AdamW's moment: theory/params.py loop_step)
+        # exact, the optimizer step included (the per-parameter AdamW's moment: theory/memory/params.py loop_step)
         assert m["peak_bytes"] == est["peak_bytes"]
 
 

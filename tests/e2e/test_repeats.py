@@ -10,7 +10,7 @@ from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import load_records
 from ckptbench.store.repeats import merge_repeats
 from ckptbench.suite.parse import load_suite
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.store.records import RECORDS, load_records
 from ckptbench.store.timelines import TIMELINES, Timelines
 from ckptbench.suite.parse import load_suite, parse_suite
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.synthetic_run import write_run
 
 from .report_html import Page, decoded_svgs, svg_resources

@@ -14,7 +14,7 @@ from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 
 pytestmark = pytest.mark.e2e

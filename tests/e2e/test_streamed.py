@@ -18,7 +18,7 @@ from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 from ckptbench.train.checkpointing import enable_checkpointing, offload_for
 from ckptbench.train.models import build_model, synthetic_batch
 from tests.e2e.test_strategies import LLAMA, judged  # the strategy tests' model, measured and judged as there

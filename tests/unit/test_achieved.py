@@ -12,8 +12,8 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.achieved import AchievedTimer, fit, predict_with, quantile
-from ckptbench.theory.achieved_fit import H200
+from ckptbench.theory.time.achieved import AchievedTimer, fit, predict_with, quantile
+from ckptbench.theory.time.achieved_fit import H200
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -49,7 +49,7 @@ def test_expected_times_carry_a_class_and_say_when_no_measurement_of_it_exists()
     case = _case()
     # the same step on the H100 is slower than on the H200 (less bandwidth, the same bf16 peak), and each
     # is slower than its datasheet lower bound
-    from ckptbench.theory.plantime import DatasheetTimer
+    from ckptbench.theory.time.plantime import DatasheetTimer
 
     h200 = AchievedTimer("NVIDIA H200", H200)(case)
     assert hopper(case) > h200 > DatasheetTimer("NVIDIA H200")(case)
@@ -70,7 +70,7 @@ def test_the_committed_fit_is_the_committed_h200_runs_and_its_held_out_shapes_ho
     with open(out, encoding="utf-8") as fh:
         text = fh.read()
     os.unlink(out)
-    with open(os.path.join(ROOT, "ckptbench", "theory", "achieved_fit.py"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "ckptbench", "theory", "time", "achieved_fit.py"), encoding="utf-8") as fh:
         committed = fh.read()
     assert text == committed
     assert "held out within ±15 %: 40 of 42;" in proc.stdout

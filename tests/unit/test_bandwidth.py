@@ -6,7 +6,7 @@ import pytest
 
 from ckptbench.measure import calibrate
 from ckptbench.report.gpu_summary import offload_overheads
-from ckptbench.theory.offload import offload_bound_s, transfer_time_s
+from ckptbench.theory.memory.offload import offload_bound_s, transfer_time_s
 
 GB = 1e9
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ckptbench.run.worker import measure
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import Timing, TrainSpec
-from ckptbench.theory.annotate import annotate_record
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 
 def _record(case: Case, measurement: dict, status: str = "ok") -> dict:
@@ -55,7 +55,7 @@ def test_failed_points_are_not_checked():
 
 
 def test_sdpa_that_fell_back_to_separate_matmuls_fails():
-    from ckptbench.theory.checks import attention_kernel_check
+    from ckptbench.theory.verdicts.checks import attention_kernel_check
 
     sdpa = Case(model=preset("llama-tiny", attn="sdpa"), train=TrainSpec(), batch_size=1, seq_len=8)
     assert attention_kernel_check(sdpa, {"attention_kernels": []}).verdict == "fail"
@@ -67,7 +67,7 @@ def test_sdpa_that_fell_back_to_separate_matmuls_fails():
 
 def test_the_attention_implementation_is_judged_by_the_kernels_that_ran():
     """The built config's attention is what the builder was told: only the kernels are independent."""
-    from ckptbench.theory.checks import attention_implementation_check
+    from ckptbench.theory.verdicts.checks import attention_implementation_check
 
     fused = ["_scaled_dot_product_flash_attention_for_cpu"]
     sdpa = Case(model=preset("gemma2-2b", attn="sdpa", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
@@ -86,7 +86,7 @@ def test_the_attention_implementation_is_judged_by_the_kernels_that_ran():
 def test_sdpa_with_attention_dropout_may_run_its_math_path_and_nothing_else_may():
     """Training with attention dropout sends sdpa to torch's math path (no fused kernel): still the sdpa the
     Case asked for.  Dropout elsewhere (residual, embedding) explains nothing."""
-    from ckptbench.theory.checks import attention_implementation_check
+    from ckptbench.theory.verdicts.checks import attention_implementation_check
 
     sdpa = Case(model=preset("gemma2-2b", attn="sdpa", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
     eager = Case(model=preset("gemma2-2b", attn="eager", layers=2), train=TrainSpec(), batch_size=1, seq_len=8)
@@ -101,7 +101,7 @@ def test_sdpa_with_attention_dropout_may_run_its_math_path_and_nothing_else_may(
 def test_a_bound_of_whole_bytes_is_met_at_the_bound():
     """The FSDP params check allows one unsharded layer either way: 73,984 B over 427,328 B is at the bound,
     though (501,312 / 427,328) − 1 exceeds 73,984 / 427,328 in floating point (seen in CI)."""
-    from ckptbench.theory.checks import judge
+    from ckptbench.theory.verdicts.checks import judge
 
     assert (501_312 / 427_328) - 1 > 73_984 / 427_328
     assert judge("peak_breakdown.params", 501_312, 427_328, 73_984 / 427_328).verdict == "pass"
@@ -111,7 +111,7 @@ def test_a_bound_of_whole_bytes_is_met_at_the_bound():
 
 
 def test_token_ids_are_no_config_difference_but_a_dimension_is():
-    from ckptbench.theory.checks import config_differences
+    from ckptbench.theory.verdicts.checks import config_differences
 
     requested = {"hidden_size": 64, "pad_token_id": None, "bos_token_id": 1}
     built = {"hidden_size": 64, "pad_token_id": 0, "bos_token_id": 128000}  # a user's tokenizer's ids

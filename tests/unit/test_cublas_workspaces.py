@@ -13,10 +13,10 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import workspaces
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.workspaces import capability_major, cublas_workspace_bytes
+from ckptbench.theory.memory import workspaces
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.memory.workspaces import capability_major, cublas_workspace_bytes
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 MIB = 2**20
 RUN = os.path.join(os.path.dirname(__file__), "..", "..", "results", "h200-20261204-gpu-small", "run")

@@ -8,8 +8,8 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.memory.simulate import simulate
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -32,8 +32,8 @@ def test_simulated_and_analytic_plans_agree_on_a_card_where_the_optimizer_step_i
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from ckptbench.theory.extrapolate import Simulated, extrapolation
-    from ckptbench.theory.plan import Analytic, Assumptions, plan
+    from ckptbench.theory.memory.extrapolate import Simulated, extrapolation
+    from ckptbench.theory.policy.plan import Analytic, Assumptions, plan
 
     spec, seq = preset("llama-small", dtype="bf16", attn="sdpa"), 32
     single = estimate_case(Case(model=spec, train=TrainSpec(), batch_size=1, seq_len=seq, device="cuda"))

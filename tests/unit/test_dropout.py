@@ -13,7 +13,7 @@ from ckptbench.spec.case import DROPOUT_DEFAULTS, Case, ModelSpec, canonical_con
 from ckptbench.spec.training import TrainSpec
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite
-from ckptbench.theory.checks import config_checks
+from ckptbench.theory.verdicts.checks import config_checks
 from ckptbench.train.models import dropout_values, hf_config
 from ckptbench.train.reference import reference
 

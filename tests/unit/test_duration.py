@@ -12,10 +12,10 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import Timing, TrainSpec
-from ckptbench.theory import duration
-from ckptbench.theory.duration import Rates, point_seconds, project
-from ckptbench.theory.flops import hardware_flops_per_token
-from ckptbench.theory.params import param_count
+from ckptbench.theory.memory.params import param_count
+from ckptbench.theory.time import duration
+from ckptbench.theory.time.duration import Rates, point_seconds, project
+from ckptbench.theory.time.flops import hardware_flops_per_token
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "results")
 

@@ -8,20 +8,21 @@ from ckptbench.measure.bus import bus_bytes
 from ckptbench.spec.case import PRESETS, Case, ModelSpec, preset
 from ckptbench.spec.strategy import checkpointed_layers
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import estimate as E
-from ckptbench.theory.activations import layer_activation_terms
-from ckptbench.theory.checks import check
-from ckptbench.theory.params import param_count
+from ckptbench.theory.memory import estimate as E
+from ckptbench.theory.memory.activations import layer_activation_terms
+from ckptbench.theory.memory.params import param_count
+from ckptbench.theory.verdicts.checks import check
 
 TINY = [n for n in PRESETS if n.endswith("-tiny")]
 
 
-@pytest.mark.parametrize("module", ["estimate", "activations", "params", "units", "checks", "comm", "flops", "offload"])
+@pytest.mark.parametrize("module", ["memory/estimate", "memory/activations", "memory/params", "memory/units",
+                                    "verdicts/checks", "comm/comm", "time/flops", "memory/offload"])
 def test_estimate_module_does_not_need_torch(module):
     import ast
     import pathlib
 
-    tree = ast.parse((pathlib.Path(E.__file__).parent / f"{module}.py").read_text())
+    tree = ast.parse((pathlib.Path(E.__file__).parents[1] / f"{module}.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(m.split(".")[0] == "torch" for m in names)

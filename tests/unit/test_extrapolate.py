@@ -18,7 +18,7 @@ import pytest
 
 from ckptbench.spec.case import ModelSpec, canonical_config, preset
 from ckptbench.spec.strategy import checkpointed_layers
-from ckptbench.theory.extrapolate import (
+from ckptbench.theory.memory.extrapolate import (
     NotAffine,
     Observation,
     Simulated,
@@ -27,8 +27,8 @@ from ckptbench.theory.extrapolate import (
     fit,
     seq_points,
 )
-from ckptbench.theory.simulate import simulate
-from ckptbench.theory.stacks import layer_kinds
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.memory.stacks import layer_kinds
 
 SEQ = 48
 # a model with an analytic estimate and one without (qwen3: per-head q/k norms), both small enough to

@@ -6,7 +6,7 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import flops
+from ckptbench.theory.time import flops
 
 TINY = preset("llama-tiny")  # hidden 64, 4 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 128, vocab 256
 

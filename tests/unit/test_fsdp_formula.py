@@ -7,7 +7,7 @@ import pytest
 from ckptbench.spec.case import PRESETS, Case, analytic_sharded_point, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.fsdp import (
+from ckptbench.theory.comm.fsdp import (
     fsdp_case_comm,
     fsdp_comm_estimate,
     fsdp_memory_estimate,
@@ -17,7 +17,7 @@ from ckptbench.theory.fsdp import (
     unit_shapes,
     unit_shard_bytes,
 )
-from ckptbench.theory.params import param_count
+from ckptbench.theory.memory.params import param_count
 from ckptbench.train.support import refusal
 
 
@@ -105,7 +105,7 @@ def test_estimate_prints_each_fsdp_rank_and_the_collectives(capsys):
     from ckptbench.spec.case import Case, preset
     from ckptbench.spec.setup import Setup
     from ckptbench.spec.training import TrainSpec
-    from ckptbench.theory.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
+    from ckptbench.theory.comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     assert main(["estimate", "--model", "llama-tiny", "--batch", "2", "--seq", "32", "--device", "cpu",
                  "--precision", "fp32", "--world", "3", "--sharding", "fsdp"]) == 0
@@ -164,7 +164,7 @@ def test_fsdp_runs_bf16_mixed_and_refuses_fp16_mixed():
 
 
 def test_an_fsdp_point_of_another_optimizer_has_its_collectives_checked_and_its_memory_left_unchecked():
-    from ckptbench.theory.checks import comm_checks
+    from ckptbench.theory.verdicts.checks import comm_checks
 
     sgd = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32, world_size=2,
                setup=Setup(sharding="fsdp", optimizer="sgd"))

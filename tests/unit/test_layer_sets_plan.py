@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ckptbench.spec.case import preset
-from ckptbench.theory import plan as planner
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.layersets import best_set, candidates, every_n_counts, layer_set_strategies
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.layersets import best_set, candidates, every_n_counts, layer_set_strategies
+from ckptbench.theory.policy import plan as planner
 
 
 def test_the_counts_every_n_layers_reaches():

@@ -140,6 +140,20 @@ def test_imports_point_down_the_flow():
     assert layer_violations(GRAPH, RANKS) == []
 
 
+# theory's subpackages by what they predict -> rank: bytes, then what collectives move, then seconds (which
+# price both), then the settings chosen and the verdicts made from all three
+THEORY_RANKS = {"memory": 1, "comm": 2, "time": 3, "policy": 4, "verdicts": 4}
+
+
+def test_theory_is_in_parts_whose_imports_point_one_way():
+    theory = {m: ts for m, ts in GRAPH.items() if m.startswith("ckptbench.theory.")}
+    assert all(m.count(".") == 3 or m.count(".") == 2 for m in theory)
+    assert {m.split(".")[2] for m in theory} == set(THEORY_RANKS)  # no module loose beside the parts
+    sub = {m.split(".", 1)[1]: {t.split(".", 1)[1] for t in ts if t.startswith("ckptbench.theory.")}
+           for m, ts in theory.items()}
+    assert layer_violations(sub, THEORY_RANKS) == []
+
+
 def test_measure_never_imports_theory():
     leaks = [(m, t) for m, ts in GRAPH.items() if unit_of(m) == "measure" for t in ts if unit_of(t) == "theory"]
     assert leaks == []
@@ -151,9 +165,9 @@ def test_no_import_cycle():
 
 def test_graph_sees_lazy_and_relative_imports():
     # the checker must read what the code really imports, or the two tests above pass on an empty graph
-    assert "ckptbench.theory.simulate" in GRAPH["ckptbench.theory.simulated"]  # inside a function
-    assert "ckptbench.measure.storage" in GRAPH["ckptbench.theory.simulate"]  # `from ..measure.storage`
-    assert "ckptbench.theory.estimate" in GRAPH["ckptbench.cli.estimate"]  # `from ..theory import estimate`
+    assert "ckptbench.theory.memory.simulate" in GRAPH["ckptbench.theory.memory.simulated"]  # inside a function
+    assert "ckptbench.measure.storage" in GRAPH["ckptbench.theory.memory.simulate"]  # `from ...measure.storage`
+    assert "ckptbench.theory.memory.estimate" in GRAPH["ckptbench.cli.estimate"]  # `from ..theory.memory import estimate`
     assert len(GRAPH) >= 40
 
 

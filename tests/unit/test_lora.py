@@ -13,7 +13,7 @@ import torch
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import Lora, Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.simulate import simulate
 from ckptbench.train.adapters import adapter_facts, base_parameter_count, with_adapters
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing
 from ckptbench.train.models import build_model, synthetic_batch

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ckptbench.run.worker import _memory_step
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.meters import RNG_STATE_BOUND, SCALARS_BOUND, agreement, meter_checks
+from ckptbench.theory.verdicts.meters import RNG_STATE_BOUND, SCALARS_BOUND, agreement, meter_checks
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning
 from ckptbench.train.models import build_model, synthetic_batch
 from ckptbench.train.step import train_step
@@ -85,7 +85,7 @@ def test_a_missing_meter_is_unchecked_never_agreement():
                                    (512, 512, 512)])
 def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_none(m, k, n):
     from ckptbench.measure.allocator import AllocatorMeter
-    from ckptbench.theory.meters import BF16_SCRATCH_FIXED, BF16_SCRATCH_PER_ELEMENT
+    from ckptbench.theory.verdicts.meters import BF16_SCRATCH_FIXED, BF16_SCRATCH_PER_ELEMENT
 
     torch.set_num_threads(1)
 
@@ -106,7 +106,7 @@ def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_n
 
 def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
     from ckptbench.spec.setup import Setup
-    from ckptbench.theory.meters import bf16_matmul_scratch_bound
+    from ckptbench.theory.verdicts.meters import bf16_matmul_scratch_bound
 
     base = dict(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)
     assert bf16_matmul_scratch_bound(Case(**base)) == 0
@@ -154,7 +154,7 @@ def test_the_cpu_flash_attention_buffers_are_the_allocators_view_of_one_call(dty
     its growth beyond the output and the log-sum-exp (forward), the three gradients and one output-sized
     buffer (backward), to the byte."""
     from ckptbench.measure.allocator import AllocatorMeter
-    from ckptbench.theory.meters import flash_attention_cpu_buffers
+    from ckptbench.theory.verdicts.meters import flash_attention_cpu_buffers
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

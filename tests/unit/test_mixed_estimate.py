@@ -18,10 +18,10 @@ import pytest
 from ckptbench.spec.case import Case, ModelSpec, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import estimate as est_mod
-from ckptbench.theory.activations import head_activation_terms, layer_activation_terms
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory import estimate as est_mod
+from ckptbench.theory.memory.activations import head_activation_terms, layer_activation_terms
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.simulate import simulate
 from tests.conftest import covering
 
 MIXED = Setup(autocast="bf16")
@@ -85,7 +85,7 @@ def test_other_dimensions_and_a_tied_head_are_exact_too(spec):
 
 def test_the_optimizer_step_is_exact_as_in_the_pure_precisions():
     """The per-parameter AdamW's moment holds the final norm's denominator beside two copies of the head
-    (theory/params.py: loop_step): 4·h bytes the estimate once named as a residue."""
+    (theory/memory/params.py: loop_step): 4·h bytes the estimate once named as a residue."""
     spec = preset("llama-tiny", attn="sdpa")
     sim, est = simulated(spec, 1, 16, 0, False, "cpu"), estimated(spec, 1, 16, 0, False, "cpu")
     assert sim.peak_phase == est.peak_phase == "optimizer"

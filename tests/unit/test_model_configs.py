@@ -22,8 +22,8 @@ from ckptbench.spec.case import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonica
 from ckptbench.suite import parse as suite_mod
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite
-from ckptbench.theory.checks import config_checks
-from ckptbench.theory.params import param_count
+from ckptbench.theory.memory.params import param_count
+from ckptbench.theory.verdicts.checks import config_checks
 from ckptbench.train.buildcheck import build_problem_here
 from ckptbench.train.models import build_model
 from ckptbench.train.reference import reference
@@ -274,7 +274,7 @@ def test_a_built_model_that_lost_a_requested_key_fails_its_checks_naming_it(monk
 
 
 def test_config_differences_ignore_what_the_builder_sets_and_names_nested_keys():
-    from ckptbench.theory.checks import config_differences
+    from ckptbench.theory.verdicts.checks import config_differences
 
     requested = {"hidden_size": 64, "n_embd": 64, "attention_dropout": 0.1, "use_cache": True, "dtype": None,
                  "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}

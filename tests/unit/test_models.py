@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ckptbench.spec.case import PRESETS, preset
-from ckptbench.theory.params import param_count
+from ckptbench.theory.memory.params import param_count
 from ckptbench.train.models import build_model
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from ckptbench.measure.bus import bus_bytes
-from ckptbench.theory.network import (
+from ckptbench.theory.comm.network import (
     LINKS,
     Link,
     allreduce_s,

@@ -10,8 +10,8 @@ import pytest
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import plan as planner
-from ckptbench.theory.optimize import HostBudget, optimize, policy_case
+from ckptbench.theory.policy import plan as planner
+from ckptbench.theory.policy.optimize import HostBudget, optimize, policy_case
 
 GIB = 2**30
 
@@ -103,7 +103,7 @@ def test_bf16_mixed_where_the_cast_cache_depends_on_the_count():
 
 def test_one_fsdp_rank_is_searched_from_its_own_moments():
     # FSDP2 over 2 ranks: each rank's peak is a max over moments with the gathered layers and the
-    # reduce-scatter buffers (theory/fsdp.py), and a layer's boundary moment is named by the head's backward
+    # reduce-scatter buffers (theory/comm/fsdp.py), and a layer's boundary moment is named by the head's backward
     spec = replace(preset("llama-small", attn="sdpa"), layers=5)
     template = replace(_template(spec, 512, world_size=2), setup=Setup(sharding="fsdp"))
     a = planner.Assumptions(memory_bytes=int(0.08 * GIB), device="cpu", world=2, sharding="fsdp")

@@ -53,7 +53,7 @@ def test_the_compile_curve_is_reported_as_measured_not_assumed_monotonic():
 
 def test_verify_measures_the_best_every_n_strategy_only_when_it_is_not_the_ranked_one():
     from ckptbench.cli.verify_optimum import compared, verdict
-    from ckptbench.theory.plan import Option
+    from ckptbench.theory.policy.plan import Option
 
     def option(strategy, n, batch, layers=()):
         return Option(strategy=strategy, every_n_layers=n, offload=False, max_batch=batch, max_seq=None,
@@ -70,7 +70,7 @@ def test_verify_measures_the_best_every_n_strategy_only_when_it_is_not_the_ranke
 
 
 def test_a_gap_is_unknown_when_sets_went_unanswered_and_bounded_by_the_relaxation():
-    from ckptbench.theory.optimize import Result, Solution
+    from ckptbench.theory.policy.optimize import Result, Solution
 
     best = Solution(batch=2, mode="", layers=(0,), step_s=1.0, tokens_per_s=800.0, peak_bytes=1)
     result = Result(best, [best], undetermined=3, bound_tokens_per_s=1000.0)

@@ -96,7 +96,7 @@ def test_the_suite_file_is_the_policy():
 
 def test_a_found_policy_is_named_as_transformers_would_say_it():
     from ckptbench.cli.handover import policy_name
-    from ckptbench.theory.optimize import Solution
+    from ckptbench.theory.policy.optimize import Solution
 
     def name(layers, mode=""):
         return policy_name(Solution(1, mode, layers, 1.0, 1.0, 1, depth=4))

@@ -21,10 +21,10 @@ from ckptbench.spec.case import Case, analytic_point, preset
 from ckptbench.spec.setup import Setup
 from ckptbench.spec.strategy import checkpointed_layers
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.extrapolate import extrapolation
-from ckptbench.theory.params import param_count
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.extrapolate import extrapolation
+from ckptbench.theory.memory.params import param_count
+from ckptbench.theory.memory.simulate import simulate
 from ckptbench.train.models import build_model
 from ckptbench.train.optimizers import build_optimizer, describe_optimizer, optimizer_refusal, trainer_choice
 
@@ -210,7 +210,7 @@ def test_extrapolated_step_equals_the_full_simulation(optimizer):
 def test_the_parameter_order_is_the_built_models(name, tied):
     """The per-parameter AdamW visits ``model.parameters()`` in order, so its largest moment depends on which
     parameter comes before the largest: the order the estimate assumes is the one transformers builds."""
-    from ckptbench.theory.params import loop_step_elements, tensor_sizes
+    from ckptbench.theory.memory.params import loop_step_elements, tensor_sizes
 
     spec = dataclasses.replace(preset(name, attn="sdpa"), tie_embeddings=tied)
     with torch.device("meta"):

@@ -6,11 +6,11 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.network import LINKS, Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
-from ckptbench.theory.overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops
-from ckptbench.theory.params import param_count
-from ckptbench.theory.plan import Analytic, Assumptions, ShardedAnalytic
-from ckptbench.theory.planspeed import comm_time, ring_link
+from ckptbench.theory.comm.network import LINKS, Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
+from ckptbench.theory.comm.overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops
+from ckptbench.theory.memory.params import param_count
+from ckptbench.theory.policy.plan import Analytic, Assumptions, ShardedAnalytic
+from ckptbench.theory.time.planspeed import comm_time, ring_link
 
 MIB = 2**20
 
@@ -85,7 +85,7 @@ def test_the_plans_fsdp_comm_is_its_units_on_the_ring_and_hides_behind_slow_laye
     case = _case(spec)
     slow = LayerCompute(spec.layers, 1.0, 2.0, 1.0, tuple(range(spec.layers)), 1.0, 1.0)
     comm = comm_time(case, a, ShardedAnalytic(8), slow)
-    from ckptbench.theory.fsdp import unit_shard_bytes
+    from ckptbench.theory.comm.fsdp import unit_shard_bytes
 
     link = link_named("NVLink")
     shard = unit_shard_bytes(spec, 8)
@@ -101,7 +101,7 @@ def test_the_plans_ddp_comm_buckets_every_gradient_byte_once():
     spec = preset("llama-8b", dtype="bf16", attn="sdpa")
     a = Assumptions(80 * 2**30, "cuda", "NVIDIA H100 80GB HBM3", world=4, network="1 GbE")
     case = _case(spec)
-    from ckptbench.theory.planspeed import _ddp_param_bytes
+    from ckptbench.theory.time.planspeed import _ddp_param_bytes
 
     grads = _ddp_param_bytes(case)
     # every bf16 weight's gradient once (the rotary buffer, 512 B, has none)

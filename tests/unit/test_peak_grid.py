@@ -20,9 +20,9 @@ from dataclasses import replace
 import pytest
 
 from ckptbench.spec.case import preset
-from ckptbench.theory import estimate as est_mod
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory import estimate as est_mod
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.simulate import simulate
 from tests.conftest import covering
 
 MODEL_ACCURACY = 0.01

@@ -45,7 +45,7 @@ def test_bad_values_are_one_line_exit_2(flags, reason, tmp_path, capsys):
 
 
 def test_every_planned_card_is_what_torch_sees_and_has_a_datasheet_rate():
-    from ckptbench.theory import plan as planner
+    from ckptbench.theory.policy import plan as planner
 
     gib = 2**30
     # the marketed size is not the allocator's: an "80 GB" H100 is about 79.2 GiB, an H200 about 139.8 GiB
@@ -61,7 +61,7 @@ def test_every_planned_card_is_what_torch_sees_and_has_a_datasheet_rate():
 
 def test_equivalent_strategies_are_one_row_and_every_family_stays_in_view():
     from ckptbench.spec.case import preset
-    from ckptbench.theory.plan import Assumptions, merged, plan, shown_rows
+    from ckptbench.theory.policy.plan import Assumptions, merged, plan, shown_rows
 
     options = plan(preset("llama-8b", dtype="bf16", attn="sdpa"), 8192,
                    Assumptions(memory_bytes=150 * 2**30, device="cuda", device_name="H200", peak_flops_per_s=989e12))
@@ -83,7 +83,7 @@ def test_equivalent_strategies_are_one_row_and_every_family_stays_in_view():
 def test_the_plan_page_titles_the_card_precision_and_memory_and_draws_from_zero():
     from ckptbench.report.plan_section import plan_page
     from ckptbench.spec.case import preset
-    from ckptbench.theory.plan import Assumptions, plan, to_dict
+    from ckptbench.theory.policy.plan import Assumptions, plan, to_dict
 
     a = Assumptions(memory_bytes=81089 * 2**20, device="cuda", device_name="NVIDIA H100 80GB HBM3",
                     peak_flops_per_s=989e12)
@@ -97,7 +97,7 @@ def test_the_plan_page_titles_the_card_precision_and_memory_and_draws_from_zero(
 def test_a_runner_up_as_fast_says_what_tells_it_apart():
     """No recompute, no offload, the same batch: the runner-up differs in memory, and the line says so; one
     that fits a larger batch yet is slower says that."""
-    from ckptbench.theory.plan import Option, recommendation
+    from ckptbench.theory.policy.plan import Option, recommendation
 
     gib = 2**30
     best = Option("none", 0, False, 4, None, peak_bytes=70 * gib, step_s=1.0, tokens_per_s=1000.0)
@@ -116,7 +116,7 @@ def test_a_runner_up_as_fast_says_what_tells_it_apart():
 def test_on_a_cpu_offload_is_never_the_runner_up_s_cost():
     """On a CPU the host is the device: offload copies nothing, so "its offload copies cost time" would be
     false; the line says it is the same step.  On CUDA the copies are the reason."""
-    from ckptbench.theory.plan import Option, recommendation
+    from ckptbench.theory.policy.plan import Option, recommendation
 
     gib = 2**30
     best = Option("every-2", 2, False, 5, None, peak_bytes=gib // 12, step_s=0.169, tokens_per_s=3781.0,

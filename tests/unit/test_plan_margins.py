@@ -10,8 +10,8 @@ import pytest
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import RecordStore
-from ckptbench.theory.margins import measured_margins
-from ckptbench.theory.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN
+from ckptbench.theory.memory.margins import measured_margins
+from ckptbench.theory.policy.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN
 
 GIB = 2**30
 

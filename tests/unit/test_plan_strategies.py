@@ -10,13 +10,13 @@ import pytest
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import plan as planner
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.extrapolate import Simulated, extrapolation
-from ckptbench.theory.flops import hardware_flops_per_token
-from ckptbench.theory.planstrategies import NOT_RANKED, PerStrategy, candidates
-from ckptbench.theory.plantime import DatasheetTimer, depth_extrapolated, streamed_hidden_s, variants
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.memory.extrapolate import Simulated, extrapolation
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.policy import plan as planner
+from ckptbench.theory.policy.planstrategies import NOT_RANKED, PerStrategy, candidates
+from ckptbench.theory.time.flops import hardware_flops_per_token
+from ckptbench.theory.time.plantime import DatasheetTimer, depth_extrapolated, streamed_hidden_s, variants
 
 SAC = "save-matmuls"
 
@@ -54,7 +54,7 @@ def test_streamed_offload_hides_each_layers_copies_up_to_one_layers_compute():
 
 
 def test_the_fake_trace_runs_the_sac_policy():
-    from ckptbench.theory.optrace import trace_case
+    from ckptbench.theory.time.optrace import trace_case
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32, every_n_layers=1)
 

@@ -9,9 +9,9 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.estimate import estimate_case
-from ckptbench.theory.network import LINKS, allreduce_s
-from ckptbench.theory.plan import Analytic, Assumptions, comm_seconds, plan
+from ckptbench.theory.comm.network import LINKS, allreduce_s
+from ckptbench.theory.memory.estimate import estimate_case
+from ckptbench.theory.policy.plan import Analytic, Assumptions, comm_seconds, plan
 
 SPEC = preset("llama-8b", dtype="bf16", attn="sdpa")
 H200 = dict(memory_bytes=141 * 10**9, device="cuda", device_name="H200", peak_flops_per_s=989e12,
@@ -65,7 +65,7 @@ def test_plan_shards_bf16_mixed_with_fsdp2s_mixed_precision(capsys):
 
     from ckptbench.cli import main
     from ckptbench.spec.setup import Setup
-    from ckptbench.theory.fsdp import fsdp_memory_estimate
+    from ckptbench.theory.comm.fsdp import fsdp_memory_estimate
 
     # bf16-mixed is plan's default precision
     assert main(["plan", "--model", "llama-8b", "--device", "h100", "--seq", "8192", "--world", "8",

@@ -13,7 +13,7 @@ from ckptbench.spec.setup import Setup
 from ckptbench.spec.training import TrainSpec
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite
-from ckptbench.theory import plan as planner
+from ckptbench.theory.policy import plan as planner
 
 
 def _suite(model: str = "", sweep: str = "", train: str = "") -> str:

@@ -2,7 +2,7 @@
 
 The analytic memory walk does not model what a SAC policy keeps, so a SAC point's estimate is the simulated
 step (the real step on fake tensors, the policy applied by torch's own selective-checkpoint contexts); the
-FLOPs it runs again follow from the policy's kept operators (:func:`ckptbench.theory.flops.
+FLOPs it runs again follow from the policy's kept operators (:func:`ckptbench.theory.time.flops.
 recompute_flops_per_token`) and are held here to torch's counter on that simulated step, exactly.
 """
 
@@ -15,9 +15,9 @@ import pytest
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.strategy import SAC_POLICIES, Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory import flops
-from ckptbench.theory.annotate import annotate_record
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.time import flops
+from ckptbench.theory.verdicts.annotate import annotate_record
 
 BATCH, SEQ = 1, 64
 

@@ -6,9 +6,9 @@ import pytest
 
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.checks import check
-from ckptbench.theory.estimate import estimate
-from ckptbench.theory.simulate import simulate
+from ckptbench.theory.memory.estimate import estimate
+from ckptbench.theory.memory.simulate import simulate
+from ckptbench.theory.verdicts.checks import check
 
 
 @pytest.mark.parametrize("name,dtype,attn", [("llama-tiny", "fp32", "eager"), ("qwen2-tiny", "bf16", "sdpa"),
@@ -68,7 +68,7 @@ def test_grouped_matmul_on_fake_tensors_gives_what_the_cpu_kernel_gives(dtype, w
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ckptbench.theory.simulate import _grouped_mm_as_the_cpu_kernel
+    from ckptbench.theory.memory.simulate import _grouped_mm_as_the_cpu_kernel
 
     dt = getattr(torch, dtype)
 

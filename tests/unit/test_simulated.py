@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ckptbench.suite.parse import parse_suite
-from ckptbench.theory import simulated
+from ckptbench.theory.memory import simulated
 
 SUITE = """
 [suite]

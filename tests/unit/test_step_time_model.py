@@ -1,5 +1,5 @@
 """The trace-based step-time model: a setting's step from other points' measured steps, transformed
-(ckptbench/theory/steptime.py), and the layer clock that measures them in place (measure/layertime.py).
+(ckptbench/theory/time/steptime.py), and the layer clock that measures them in place (measure/layertime.py).
 The model's arithmetic is checked on records made here from known figures, exactly; the clock on a real
 tiny model, by what it must hold whatever the machine's speed (no time is asserted)."""
 
@@ -13,7 +13,7 @@ import pytest
 from ckptbench.spec.case import Case, preset
 from ckptbench.spec.strategy import Recompute
 from ckptbench.spec.training import TrainSpec
-from ckptbench.theory.steptime import Baseline, added_s, group_key, layer_bytes, predict
+from ckptbench.theory.time.steptime import Baseline, added_s, group_key, layer_bytes, predict
 
 FORWARD = (0.010, 0.012, 0.011, 0.013)  # each layer's forward, seconds
 

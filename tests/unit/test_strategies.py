@@ -112,7 +112,7 @@ def test_the_gpu_strategies_suite_sets_each_strategy_beside_none_at_each_length(
     transformers' and with streamed offload, at both lengths, on CUDA; the points its header counts, each
     planned to fit the card."""
     from ckptbench.suite.parse import load_suite
-    from ckptbench.theory.estimate import estimate_case
+    from ckptbench.theory.memory.estimate import estimate_case
 
     suite = load_suite("suites/strategies-gpu.toml")
     assert len(suite.cases) == 60 and {c.device for c in suite.cases} == {"cuda"}

@@ -10,8 +10,8 @@ from ckptbench.spec.strategy import Recompute, checkpointing_name
 from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.suite.keys import SuiteError
-from ckptbench.theory.checks import blind_spot, offload_kind_check
-from ckptbench.theory.estimate import estimate, estimate_case
+from ckptbench.theory.memory.estimate import estimate, estimate_case
+from ckptbench.theory.verdicts.checks import blind_spot, offload_kind_check
 from tests.unit.test_strategies import cases, recorded  # one suite head and one record round trip
 
 
@@ -71,7 +71,7 @@ def test_a_streamed_point_round_trips_through_a_record_and_a_wrong_one_is_named(
 def test_on_cuda_the_estimate_holds_one_prefetched_input_where_the_simulated_step_does():
     """Backward from the last checkpointed layer down to the one above the first holds the input of the
     checkpointed layer below, prefetched; the simulated step (fake tensors) emulates the same moves."""
-    from ckptbench.theory.simulate import simulate
+    from ckptbench.theory.memory.simulate import simulate
 
     spec = preset("llama-tiny", attn="eager")
     one_input = 512 * 64 * 4

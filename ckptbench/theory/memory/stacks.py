@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 
-from ..sources.configs import LAYER_INDEX_KEYS, PER_LAYER_KEYS
-from ..spec.case import ModelSpec
+from ...sources.configs import LAYER_INDEX_KEYS, PER_LAYER_KEYS
+from ...spec.case import ModelSpec
 
 
 def _lists(spec: ModelSpec) -> dict[str, list]:
     """Per-layer key -> its value for each of the spec's layers, as transformers' config class has it."""
-    from ..train.models import hf_config
+    from ...train.models import hf_config
 
     cfg = hf_config(spec)
     out = {}

@@ -32,8 +32,8 @@ import json
 import statistics
 from dataclasses import dataclass
 
-from ..base.finite import finite_number
-from ..spec.case import Case
+from ...base.finite import finite_number
+from ...spec.case import Case
 from .roofline import HOST_LINK_BYTES_PER_S
 
 

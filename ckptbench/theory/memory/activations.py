@@ -25,7 +25,7 @@ V vocab, B bytes per element of the model dtype.
 
 from __future__ import annotations
 
-from ..spec.case import ModelSpec
+from ...spec.case import ModelSpec
 from .units import FP32, HALF, INT64
 
 

@@ -5,13 +5,13 @@ Beside every distinct ``every_n_layers`` pattern with and without transformers' 
 - **SAC policies** (``plan --sac``): every pattern that checkpoints, with and without offload, each
   checkpointed layer under the policy (torch's selective checkpointing, :data:`~ckptbench.spec.strategy.SAC_POLICIES`).
   No analytic estimate says what a policy keeps, so their peaks and FLOPs come from the few-layer FakeTensor
-  simulation under that policy, extrapolated to the full depth (:mod:`.extrapolate`: exact to the byte on CPU,
+  simulation under that policy, extrapolated to the full depth (:mod:`..memory.extrapolate`: exact to the byte on CPU,
   and checked on a 4-layer step); :class:`PerStrategy` sends each Case to its policy's fit;
 - **streamed offload** (a CUDA plan from the analytic estimate): each offloading pattern also with the saved
   inputs copied on a side stream and prefetched a layer ahead (the estimate's ``streamed`` term: one
   prefetched layer input more than transformers' offload in the layers' backward); its step time counts
-  the copies that one layer's compute cannot hide (:func:`.plantime.streamed_hidden_s`);
-- **layer sets** (``plan --layer-sets``, :mod:`.layersets`).
+  the copies that one layer's compute cannot hide (:func:`..time.plantime.streamed_hidden_s`);
+- **layer sets** (``plan --layer-sets``, :mod:`..memory.layersets`).
 
 What a plan cannot rank is said, never left out silently (:data:`NOT_RANKED`): a compile budget's peak is
 what torch.compile's partitioner chooses when it compiles, which nothing predicts before it runs.
@@ -19,8 +19,8 @@ what torch.compile's partitioner chooses when it compiles, which nothing predict
 
 from __future__ import annotations
 
-from ..spec.strategy import Recompute
-from .extrapolate import patterns
+from ...spec.strategy import Recompute
+from ..memory.extrapolate import patterns
 
 NOT_RANKED = {
     "compile-budget": "not ranked: torch.compile's partitioner decides what a budget saves only when it compiles, "
@@ -47,7 +47,7 @@ def candidates(layers: int, sac: tuple[str, ...] = (), streamed: bool = False) -
 
 class PerStrategy:
     """The plan's predictor when it ranks SAC policies: a Case checkpointing under a policy is answered by
-    that policy's fit (:class:`.extrapolate.Simulated`), every other Case by `base` (the analytic estimate,
+    that policy's fit (:class:`..memory.extrapolate.Simulated`), every other Case by `base` (the analytic estimate,
     or the plain few-layer fit)."""
 
     def __init__(self, base, by_policy: dict):

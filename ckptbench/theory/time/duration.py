@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from ..measure.interval import LEVEL, ranks
-from ..measure.stopping import StopRule
-from ..spec.case import Case, ModelSpec
+from ...measure.interval import LEVEL, ranks
+from ...measure.stopping import StopRule
+from ...spec.case import Case, ModelSpec
+from ..memory.params import param_count
 from .flops import hardware_flops_per_token
-from .params import param_count
 
 # A training step ran at 0.23-0.53 of the square-matmul rate measured on the same machine with the same
 # threads in the CPU reference run (llama-small fp32, 1 thread, 128-4096 tokens; results/reference-cpu-timed),

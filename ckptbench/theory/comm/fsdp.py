@@ -19,8 +19,8 @@ at c10d on gloo (``tests/e2e/test_fsdp.py``):
 
 from __future__ import annotations
 
-from ..measure.bus import bus_bytes
-from ..spec.case import DTYPES, Case, ModelSpec
+from ...measure.bus import bus_bytes
+from ...spec.case import DTYPES, Case, ModelSpec
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -137,7 +137,7 @@ def largest_local_elements(spec: ModelSpec, world: int, rank: int) -> int:
 
 def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int, int]]:
     """(phase, bytes, gathered) of every moment of one rank's step under FSDP2, in step order: the single-process
-    walk (:func:`ckptbench.theory.estimate.estimate`) of the rank's micro-batch with FSDP2's buffers
+    walk (:func:`ckptbench.theory.memory.estimate.estimate`) of the rank's micro-batch with FSDP2's buffers
     added and the gradients of the units already reduce-scattered counted as shards.
 
     What FSDP2 holds beside the single-process step (traced allocation by allocation on llama-tiny,
@@ -181,8 +181,8 @@ def rank_moments(case: Case, rank: int = 0) -> list[tuple[str, int, int]]:
     """
     from dataclasses import replace
 
-    from .estimate import estimate_case
-    from .params import param_count
+    from ..memory.estimate import estimate_case
+    from ..memory.params import param_count
 
     spec, n = case.model, case.world_size
     shard = unit_shard_bytes(spec, n)
@@ -257,7 +257,7 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
       parameter until its pre-backward copies it out).  Unsharded parameters are in the compute dtype
       (bf16 under bf16-mixed), the shards in the model's.
     """
-    from .params import param_count
+    from ..memory.params import param_count
 
     spec, n = case.model, case.world_size
     shard = unit_shard_bytes(spec, n)
@@ -289,8 +289,8 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
 
 def fsdp_predictions(case: Case) -> tuple[dict, list[tuple[str, str, object, float]]]:
     """(estimate, [(quantity, measurement key, predicted, tolerance)]) for an fsdp point; the checks judge
-    them (:func:`ckptbench.theory.checks.comm_checks`).  Per-rank memory keys are rank 0's."""
-    from ..spec.case import analytic_sharded_point
+    them (:func:`ckptbench.theory.verdicts.checks.comm_checks`).  Per-rank memory keys are rank 0's."""
+    from ...spec.case import analytic_sharded_point
 
     comm = fsdp_case_comm(case)
     rows = [

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..spec.case import Case, ModelSpec
-from ..spec.strategy import checkpointed_layers
+from ...spec.case import Case, ModelSpec
+from ...spec.strategy import checkpointed_layers
 from .activations import (
     head_activation_terms,
     layer_activation_terms,
@@ -66,7 +66,7 @@ class Estimate:
     cublas_workspace_bytes: int = 0
     # every moment the walk visits, in step order: (phase, kind, activations, grads); kind is forward,
     # head, boundary (a layer's backward about to start: what is kept below it plus the gradient flowing
-    # in), layer, embedding or optimizer.  What :mod:`.fsdp` composes a rank's step from (not in to_dict)
+    # in), layer, embedding or optimizer.  What :mod:`..comm.fsdp` composes a rank's step from (not in to_dict)
     moments: tuple = ()
 
     @property

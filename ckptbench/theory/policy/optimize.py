@@ -11,12 +11,12 @@ where the mode offloads, the host's pinned memory and RAM (:class:`HostBudget`).
 
 **Why a dynamic program over layers is exact.**  The predicted peak is not a sum over layers: it is the
 largest of the step's moments (the forward's end, the head's backward, inside each layer's backward, the
-embedding, the optimizer step; :mod:`.estimate`, :mod:`.fsdp`, :mod:`.extrapolate`).  A moment inside
+embedding, the optimizer step; :mod:`..memory.estimate`, :mod:`..comm.fsdp`, :mod:`..memory.extrapolate`).  A moment inside
 layer i's forward or backward holds what the layers *below* i keep (each kept layer its activations, each
 checkpointed one its input) and what layer i itself does (recomputed or not), so its bytes are a function
 of ``(i, i ∈ S, |S ∩ [0, i)|, 0 ∈ S, L−1 ∈ S)``; every other moment is a function of
 ``(|S|, 0 ∈ S, L−1 ∈ S)`` (the bottom and top layers' membership are features of the few-layer fit).
-The step time is the plain step plus each checkpointed layer's cost (:mod:`.steptime`, :mod:`.plantime`:
+The step time is the plain step plus each checkpointed layer's cost (:mod:`..time.steptime`, :mod:`..time.plantime`:
 measured forward or traced recomputation, and offload's copies), so it is additive over S.  Hence, with
 the bottom and top layers' membership fixed (4 cases), a dynamic program over the layers bottom-up whose
 state is the count of checkpointed layers so far visits every set through one of L·(L+1)/2 states, keeps
@@ -27,7 +27,7 @@ predictor itself (its moments at a few canonical sets, :func:`_canonical`), neve
 answer's peak and step time are asked of the predictor and timer again at the optimum (``checked``);
 ``tests/unit/test_optimize.py`` sets the program beside a brute-force search over all 2^L sets.
 
-A moment a predictor cannot determine (a few-layer fit outside its simulated rows: :class:`.extrapolate.NotAffine`)
+A moment a predictor cannot determine (a few-layer fit outside its simulated rows: :class:`..memory.extrapolate.NotAffine`)
 makes the states that need it unreachable, and the result says how many sets that left out.
 """
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from ..spec.case import Case
-from ..spec.strategy import Recompute
-from .extrapolate import NotAffine
+from ...spec.case import Case
+from ...spec.strategy import Recompute
+from ..memory.extrapolate import NotAffine
 
 LAYER_MOMENT = re.compile(r"-layer-(\d+)$")
 MAX_BATCH = 1 << 16
@@ -123,15 +123,15 @@ def policy_case(template: Case, batch: int, layers, mode: str = "") -> Case:
 def moments_of(predict, case: Case) -> dict[str, int]:
     """Every moment's predicted device bytes (name -> the largest total of that name), from the predictor
     the plan uses: the analytic estimate's walk, one FSDP2 rank's, or the few-layer fit's."""
+    from ..memory.estimate import estimate_case
     from . import plan as planner
-    from .estimate import estimate_case
     from .planstrategies import PerStrategy
 
     if isinstance(predict, PerStrategy):
         predict = predict._for(case)
     out: dict[str, int] = {}
     if isinstance(predict, planner.ShardedAnalytic):
-        from .fsdp import rank_moments
+        from ..comm.fsdp import rank_moments
 
         for name, total, _ in rank_moments(predict._sharded(case)):
             out[name] = max(out.get(name, 0), total)
@@ -345,7 +345,7 @@ def optimize(template: Case, a, predict, timer, modes: tuple[str, ...] = ("",), 
 def _prefer_every_n(found: tuple, L: int, table: _Table, costs: list[float], fits) -> tuple:
     """`found` (cost, peak, layers), or an ``every_n_layers`` pattern as cheap and as low: the same optimum,
     which transformers' TrainingArguments can say."""
-    from ..spec.strategy import checkpointed_layers
+    from ...spec.strategy import checkpointed_layers
 
     for n in range(1, L + 1):
         pattern = tuple(checkpointed_layers(L, n))

@@ -25,16 +25,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..measure.flops import FlopCounter
-from ..measure.saved import LayerProbe
-from ..measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
-from ..spec.case import ModelSpec
-from ..spec.setup import Setup
-from ..spec.strategy import Recompute
-from ..train.adapters import with_adapters
-from ..train.checkpointing import decoder_layers, enable_checkpointing
-from ..train.models import build_model
-from ..train.precision import AUTOCAST_DTYPES
+from ...measure.flops import FlopCounter
+from ...measure.saved import LayerProbe
+from ...measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
+from ...spec.case import ModelSpec
+from ...spec.setup import Setup
+from ...spec.strategy import Recompute
+from ...train.adapters import with_adapters
+from ...train.checkpointing import decoder_layers, enable_checkpointing
+from ...train.models import build_model
+from ...train.precision import AUTOCAST_DTYPES
 from .loop_step import LoopStep
 
 

@@ -17,7 +17,7 @@ Conventions
 
 from __future__ import annotations
 
-from ..measure.bus import bus_bytes
+from ...measure.bus import bus_bytes
 
 
 def accelerate_syncs(iterations: int, local_sgd_steps: int) -> int:

@@ -1,9 +1,9 @@
 """The operators one training step of a Case runs, traced on fake tensors: what the datasheet roofline prices.
 
-The same machinery as the memory simulation (:mod:`.simulate`): the real transformers model built on
+The same machinery as the memory simulation (:mod:`..memory.simulate`): the real transformers model built on
 ``meta`` and materialised inside ``FakeTensorMode``, the loop's optimizer with its state made as the
 warm-up steps make it, transformers' own checkpointing switched on (non-reentrant, so the recomputation
-and its early stop are whatever torch does), and the loop's step around the model (:class:`.loop_step.LoopStep`;
+and its early stop are whatever torch does), and the loop's step around the model (:class:`..memory.loop_step.LoopStep`;
 the manual loop divides its loss by the accumulation steps, as :func:`ckptbench.train.step.forward_loss`
 does).  :class:`~ckptbench.measure.optrace.OpRecorder` files every dispatched op by signature and phase.
 Nothing is allocated, so any size traces in about a second.  On a CPU the trace is the real step's, op
@@ -22,20 +22,20 @@ import functools
 
 import torch
 
-from ..measure.optrace import OpRecorder
-from ..spec.case import Case
-from ..train.adapters import with_adapters
-from ..train.checkpointing import decoder_layers, enable_checkpointing
-from ..train.models import build_model
-from ..train.precision import AUTOCAST_DTYPES
-from .loop_step import LoopStep
-from .simulate import _grouped_mm_as_the_cpu_kernel, init_adamw_state, init_optimizer_state
+from ...measure.optrace import OpRecorder
+from ...spec.case import Case
+from ...train.adapters import with_adapters
+from ...train.checkpointing import decoder_layers, enable_checkpointing
+from ...train.models import build_model
+from ...train.precision import AUTOCAST_DTYPES
+from ..memory.loop_step import LoopStep
+from ..memory.simulate import _grouped_mm_as_the_cpu_kernel, init_adamw_state, init_optimizer_state
 
 
 @contextlib.contextmanager
 def _packed_sequence_detection_replayed(recorder: OpRecorder):
     """transformers' packed-sequence probe reads the position ids' values, which fake tensors do not have
-    (:func:`.simulate._no_packed_sequence_detection`): answer it as the real step does (no packing, our
+    (:func:`..memory.simulate._no_packed_sequence_detection`): answer it as the real step does (no packing, our
     position ids are ``arange(s)``) and, when the step is over, run the real probe on real position ids of
     the same layout under the recorder, so its ops are in the trace as they are in the real step."""
     from transformers import masking_utils

@@ -1,7 +1,7 @@
 """Every prediction set beside its observation, with a verdict per quantity.
 
-Single-process points are checked against the memory estimate (:mod:`.estimate`); multi-rank points
-against the communication formula (:mod:`.comm`), fed with the parameter bytes of the *analytic*
+Single-process points are checked against the memory estimate (:mod:`..memory.estimate`); multi-rank points
+against the communication formula (:mod:`..comm.comm`), fed with the parameter bytes of the *analytic*
 parameter count, so the measured bytes are compared with a number that was not read off the run itself.
 Pure: no torch import, runs in the sweep's parent process.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..sources.configs import DIM_ALIASES
-from ..spec.case import DTYPES, Case
-from . import flops
-from .comm import comm_estimate
-from .estimate import Estimate, estimate_case
-from .params import param_count
+from ...sources.configs import DIM_ALIASES
+from ...spec.case import DTYPES, Case
+from ..comm.comm import comm_estimate
+from ..memory.estimate import Estimate, estimate_case
+from ..memory.params import param_count
+from ..time import flops
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Tolerances:
     """Allowed relative error |measured − estimated| / estimated per quantity; 0 means exact.
 
     Params, optimizer state, checkpointed inputs and offloaded bytes are counts of known tensors and must
-    be exact.  On CPU the estimate models every moment of the step (:mod:`.backward`), and the grid in
+    be exact.  On CPU the estimate models every moment of the step (:mod:`..memory.backward`), and the grid in
     ``tests/unit/test_peak_grid.py`` holds it within 1 % of the simulated step from 64 to 4096 tokens, so
     5 % for the peak and for each of its parts (judged at the phase the measured peak fell in) leaves room
     for kernel changes.  CUDA adds allocator rounding, library workspaces and kernels whose saved tensors
@@ -260,9 +260,9 @@ def phase_checks(m: dict, est: Estimate, tol: Tolerances) -> list[Check]:
 
 def comm_checks(case: Case, m: dict) -> tuple[dict, list[Check]]:
     """All-reduce payload and count of one rank over the run, against the formula (exact).  An fsdp point:
-    its all-gathers and reduce-scatters (exact) and rank 0's memory (:func:`.fsdp.fsdp_predictions`)."""
+    its all-gathers and reduce-scatters (exact) and rank 0's memory (:func:`..comm.fsdp.fsdp_predictions`)."""
     if case.setup.sharding == "fsdp":
-        from .fsdp import fsdp_predictions
+        from ..comm.fsdp import fsdp_predictions
 
         if not case.model.analytic:  # no unit layout without the family's parameter shapes: unchecked
             return {}, [judge("allgather_payload_bytes", None, None)]
@@ -289,7 +289,7 @@ PREDICTION_VERDICTS = ("agrees", "off")  # a prediction's verdicts: reported, ne
 
 
 def step_time_check(m: dict, tol: float = STEP_TIME_TOLERANCE) -> Check:
-    """The measured median step time against the step-time model's prediction (:mod:`.steptime`: other
+    """The measured median step time against the step-time model's prediction (:mod:`..time.steptime`: other
     points' measured steps, transformed; never this point's own): ``agrees`` within `tol`, else ``off``.
     A prediction, not a gate: neither verdict passes or fails the record (:func:`verdict`); ``skip`` when
     either side is missing, with the reason the model gave."""

@@ -16,10 +16,10 @@ import os
 import time
 from collections.abc import Callable
 
-from ..base.errors import UsageError
-from ..base.regularfile import open_regular
-from ..spec.case import Case, Suite
-from ..spec.strategy import Recompute
+from ...base.errors import UsageError
+from ...base.regularfile import open_regular
+from ...spec.case import Case, Suite
+from ...spec.strategy import Recompute
 
 SIMULATED = "simulated.jsonl"
 

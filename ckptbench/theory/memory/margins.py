@@ -3,7 +3,7 @@ the CUDA context, from that run's records (``plan --from-run``), read as any fil
 
 from __future__ import annotations
 
-from ..base.finite import finite_number
+from ...base.finite import finite_number
 
 MAX_DEVICE_BYTES = 2**50  # a PiB: beyond any card's memory, so a figure over it is not one a card measured
 

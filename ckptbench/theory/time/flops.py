@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec.case import Case, ModelSpec
-from ..spec.strategy import SAC_POLICIES, SDPA_OPS
+from ...spec.case import Case, ModelSpec
+from ...spec.strategy import SAC_POLICIES, SDPA_OPS
 
 CONVENTION = ("PaLM app. B: 6N + 12*L*H*Q*T per token; N = matmul weights incl. LM head, no embedding "
               "lookup/norms/biases; attention not halved for the causal mask")

@@ -2,8 +2,8 @@
 
 The timer (:mod:`.achieved` for a card that is not here, the caller's for this machine) gives a step's
 compute and, where it can, its split by layer and phase; the collectives of data-parallel ranks are timed
-on the ring's link (:mod:`.network`) and overlapped with that compute as FSDP2 and DDP overlap them
-(:mod:`.overlap`).  `a` is a :class:`.plan.Assumptions`; `predict` a plan predictor (its parameter bytes).
+on the ring's link (:mod:`..comm.network`) and overlapped with that compute as FSDP2 and DDP overlap them
+(:mod:`..comm.overlap`).  `a` is a :class:`..policy.plan.Assumptions`; `predict` a plan predictor (its parameter bytes).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..spec.case import DTYPES, Case
-from .estimate import estimate_case
-from .fsdp import param_dtype, unit_shapes, unit_shard_bytes
-from .network import Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
-from .overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops
+from ...spec.case import DTYPES, Case
+from ..comm.fsdp import param_dtype, unit_shapes, unit_shard_bytes
+from ..comm.network import Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
+from ..comm.overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops
+from ..memory.estimate import estimate_case
 
 
 def ring_link(a) -> Link:
@@ -53,7 +53,7 @@ class Comm:
 
 
 def comm_time(case: Case, a, predict, compute: LayerCompute) -> Comm:
-    """The collectives of one optimizer step, and how much of them the step waits for (:mod:`.overlap`):
+    """The collectives of one optimizer step, and how much of them the step waits for (:mod:`..comm.overlap`):
     FSDP2's all-gathers and reduce-scatters per micro-batch around `compute`'s layers, DDP's bucketed
     all-reduce during the last micro-batch's backward, local SGD's parameter averaging every K steps (all
     of it waited for, 1/K a step)."""

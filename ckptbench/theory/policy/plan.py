@@ -5,16 +5,16 @@ For each strategy (no checkpointing; every distinct set of checkpointed layers t
 the largest batch that fits at the asked sequence length and the longest sequence that fits at batch 1,
 then predicts the step time at that batch (or at the caller's fixed batch): on this machine (or on the
 card, when the plan runs on it) from baseline steps measured here and transformed by the step-time model
-(:mod:`.steptime`: recomputed layers' measured forward, offload's copies at the link; the caller's timer),
+(:mod:`..time.steptime`: recomputed layers' measured forward, offload's copies at the link; the caller's timer),
 on a card that is not here from the traced step at the rates kernels reached on a measured card
-(:mod:`.achieved`: an expected time with the held-out interval of that card's run; the datasheet roofline
-of :mod:`.plantime`, a lower bound, only when asked), plus the collectives of data parallel ranks that
-compute does not hide (:mod:`.overlap`: FSDP2's prefetched all-gathers and reduce-scatters, DDP's buckets
+(:mod:`..time.achieved`: an expected time with the held-out interval of that card's run; the datasheet roofline
+of :mod:`..time.plantime`, a lower bound, only when asked), plus the collectives of data parallel ranks that
+compute does not hide (:mod:`..comm.overlap`: FSDP2's prefetched all-gathers and reduce-scatters, DDP's buckets
 during the backward, local SGD's blocking averaging).
 The recommendation is the highest predicted tokens/s that fits, so a larger batch wins only where it
 really is faster per token.  With
 ``layer_sets`` the strategies also hold, for each count of layers no ``every_n_layers`` checkpoints, the
-best set of that many layers (:mod:`.layersets`), with and without offload.
+best set of that many layers (:mod:`..memory.layersets`), with and without offload.
 
 On CUDA the allocator holds more than its tensors (block rounding and cached blocks: reserved over
 allocated) and the process holds a CUDA context; the estimate sees neither, so a CUDA plan adds
@@ -26,19 +26,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..spec.cards import CARDS
-from ..spec.case import Case
-from ..spec.setup import Setup
-from ..spec.strategy import Recompute, checkpointing_name, offload_suffix
-from ..spec.training import TrainSpec
-from .estimate import estimate_case
-from .extrapolate import NotAffine
-from .flops import hardware_flops_per_token, peak_flops
-from .fsdp import fsdp_comm_estimate, fsdp_memory_estimate
-from .layersets import layer_set_strategies
-from .network import Link
-from .overlap import split_by_flops
-from .planspeed import comm_time, default_timer, step_time
+from ...spec.cards import CARDS
+from ...spec.case import Case
+from ...spec.setup import Setup
+from ...spec.strategy import Recompute, checkpointing_name, offload_suffix
+from ...spec.training import TrainSpec
+from ..comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
+from ..comm.network import Link
+from ..comm.overlap import split_by_flops
+from ..memory.estimate import estimate_case
+from ..memory.extrapolate import NotAffine
+from ..memory.layersets import layer_set_strategies
+from ..time.flops import hardware_flops_per_token, peak_flops
+from ..time.planspeed import comm_time, default_timer, step_time
 from .planstrategies import candidates, strategies  # noqa: F401  (strategies: part of the plan's API)
 
 CUDA_RESERVED_MARGIN = 0.10  # reserved / allocated − 1 the planner assumes until a GPU run measures it
@@ -67,7 +67,7 @@ class Assumptions:
     world: int = 1
     local_sgd_steps: int = 0
     network: str = "NVLink"
-    # ddp: every rank the whole model (+ DDP's buckets); fsdp: FSDP2, each rank's memory as theory/fsdp.py
+    # ddp: every rank the whole model (+ DDP's buckets); fsdp: FSDP2, each rank's memory as theory/comm/fsdp.py
     # composes it, the all-gathers and reduce-scatters projected on the link
     sharding: str = "ddp"
     # a world past ranks_per_host crosses hosts: `network` is then the network between them, `intra` the
@@ -140,13 +140,13 @@ class Analytic:
 
 
 class ShardedAnalytic(Analytic):
-    """One FSDP2 rank's peak (:func:`.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
+    """One FSDP2 rank's peak (:func:`..comm.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
     layers in flight, FSDP2's all-gather and reduce-scatter buffers, the activations of its micro-batch;
-    equal to what was measured on CPU, :data:`.fsdp.PEAK_TOLERANCE`) for the families and precisions the
+    equal to what was measured on CPU, :data:`..comm.fsdp.PEAK_TOLERANCE`) for the families and precisions the
     analytic estimate describes (:func:`~ckptbench.spec.case.analytic_sharded_point`: pure, or bf16-mixed as
     FSDP2's MixedPrecisionPolicy runs it, bf16 compute over fp32 shards)."""
 
-    source = "analytic estimate, one FSDP2 rank (theory/fsdp.py)"
+    source = "analytic estimate, one FSDP2 rank (theory/comm/fsdp.py)"
 
     def __init__(self, world: int):
         self.world = world
@@ -189,7 +189,7 @@ def _largest(make, a: Assumptions, hi: int, predict) -> int:
 
 
 def step_seconds(case: Case, a: Assumptions, predict=None, timer=None) -> tuple[float | None, float]:
-    """(predicted step time, recompute share of the FLOPs): :func:`.planspeed.step_time`'s step."""
+    """(predicted step time, recompute share of the FLOPs): :func:`..time.planspeed.step_time`'s step."""
     predict = predict or Analytic()
     total, plain = predict.flops(case)
     share = (total - plain) / total if total else 0.0
@@ -198,7 +198,7 @@ def step_seconds(case: Case, a: Assumptions, predict=None, timer=None) -> tuple[
 
 
 def comm_seconds(case: Case, a: Assumptions, predict=None, compute=None) -> float:
-    """The collectives' seconds a step waits for (:func:`.planspeed.comm_time`); `compute` split by FLOPs
+    """The collectives' seconds a step waits for (:func:`..time.planspeed.comm_time`); `compute` split by FLOPs
     when not given."""
     if a.world < 2:
         return 0.0
@@ -213,7 +213,7 @@ def plan(model, seq: int, a: Assumptions, train: TrainSpec | None = None, predic
     """Every strategy's largest batch and sequence, predicted speed, best first.
 
     `predict` gives each Case's peak, offloaded bytes and FLOPs: :class:`Analytic` by default, or the
-    few-layer simulation extrapolated (:class:`.extrapolate.Simulated`) for a model without one; with `sac`
+    few-layer simulation extrapolated (:class:`..memory.extrapolate.Simulated`) for a model without one; with `sac`
     (SAC policies to rank) it must answer those policies' Cases too
     (:class:`.planstrategies.PerStrategy`).  `streamed` also ranks streamed offload beside each offload.
     A largest sequence the predictor cannot reach (batch 1 not fitted across lengths) is None.  `timer`

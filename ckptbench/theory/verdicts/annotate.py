@@ -5,7 +5,9 @@ The one place a record meets the theory: :func:`annotate_record` is the sweep's 
 
 from __future__ import annotations
 
-from ..spec.case import Case
+from ...spec.case import Case
+from ..memory.estimate import estimate_case
+from ..memory.workspaces import capability_major
 from .checks import (
     Check,
     Tolerances,
@@ -22,9 +24,7 @@ from .checks import (
     verdict,
 )
 from .ddp import ddp_meter_checks
-from .estimate import estimate_case
 from .meters import agreement, context_bytes, meter_checks
-from .workspaces import capability_major
 
 ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_forward_bytes",
                  "activations_after_forward_bytes", "peak_bytes", "saved_bytes", "checkpointed_input_bytes",
@@ -34,7 +34,7 @@ ESTIMATE_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "mem_after_fo
 
 def device_facts(case: Case, record: dict) -> dict:
     """What the analytic estimate of a CUDA point takes from the record's ``env``: the device's compute
-    capability and the run's ``CUBLAS_WORKSPACE_CONFIG`` (:mod:`.workspaces`).  Facts of the machine the
+    capability and the run's ``CUBLAS_WORKSPACE_CONFIG`` (:mod:`..memory.workspaces`).  Facts of the machine the
     worker ran on, recorded before its step: nothing the step measured.  {} on a CPU, or when the record
     does not say (the workspaces then go unmodelled, as ``estimate_note`` says)."""
     env = record.get("env") or {}

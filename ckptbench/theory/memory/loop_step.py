@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.setup import Setup
-from ..train.optimizers import build_optimizer
+from ...spec.setup import Setup
+from ...train.optimizers import build_optimizer
 
 
 class LoopStep:

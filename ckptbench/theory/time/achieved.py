@@ -24,8 +24,8 @@ import functools
 import math
 from dataclasses import asdict, dataclass
 
-from ..spec.case import Case
-from .overlap import LayerCompute
+from ...spec.case import Case
+from ..comm.overlap import LayerCompute
 from .roofline import Rates, datasheet_rates
 
 FIGURES = ("compute_s", "memory_s", "kernels", "copy_s")
@@ -188,7 +188,7 @@ def achieved_from(cases: list[Case], seconds: list[float], device_name: str, lin
 
 
 def layer_compute(case: Case, phase_seconds) -> LayerCompute:
-    """`case`'s compute per micro-batch by layer (:class:`.overlap.LayerCompute`) from `phase_seconds`
+    """`case`'s compute per micro-batch by layer (:class:`..comm.overlap.LayerCompute`) from `phase_seconds`
     (a shallow Case -> seconds per phase) of :func:`.plantime.variants`' one- and two-layer steps."""
     from .plantime import DIRECT_LAYERS, _few_layer
 
