@@ -26,9 +26,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ckptbench.measure.storage import LiveStorageTracker, track_training_state
-from ckptbench.spec.case import ModelSpec
-from ckptbench.spec.setup import PRECISIONS
-from ckptbench.spec.strategy import checkpointed_layers
+from ckptbench.point.case import ModelSpec
+from ckptbench.point.setup import PRECISIONS
+from ckptbench.point.strategy import checkpointed_layers
 from ckptbench.theory.memory import backward
 from ckptbench.theory.memory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.memory.simulate import _no_packed_sequence_detection, init_adamw_state

@@ -13,7 +13,7 @@ import itertools
 import sys
 from collections import defaultdict
 
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.store.records import load_records
 from ckptbench.theory.memory.estimate import estimate
 from ckptbench.theory.memory.simulate import simulate

@@ -3,11 +3,11 @@ simulation of the same step (``python scripts/precision_table.py > table.md``; a
 
 from __future__ import annotations
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import PRECISIONS, Setup
+from ckptbench.point.strategy import checkpointing_name
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import PRECISIONS, Setup
-from ckptbench.spec.strategy import checkpointing_name
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.memory.estimate import estimate_case
 from ckptbench.theory.memory.simulate import simulate
 

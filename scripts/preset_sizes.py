@@ -1,4 +1,4 @@
-"""Write ckptbench/spec/preset_sizes.py: each preset's parameter count, as transformers builds the model on the
+"""Write ckptbench/point/preset_sizes.py: each preset's parameter count, as transformers builds the model on the
 meta device.  `ckptbench models` lists them without importing torch; tests/unit/test_models.py rebuilds
 every preset and fails when the table is stale (run this script again after changing a preset)."""
 
@@ -8,7 +8,7 @@ import pathlib
 
 import torch
 
-from ckptbench.spec.case import PRESETS, preset
+from ckptbench.point.case import PRESETS, preset
 from ckptbench.train.models import build_model
 
 
@@ -22,7 +22,7 @@ def main() -> None:
              'tests/unit/test_models.py holds it to the built models)."""', "", "PARAMS = {"]
     lines += [f"    {name!r}: {n},"for name, n in counts.items()]
     lines += ["}", ""]
-    path = pathlib.Path(__file__).resolve().parents[1] / "ckptbench" / "spec" / "preset_sizes.py"
+    path = pathlib.Path(__file__).resolve().parents[1] / "ckptbench" / "point" / "preset_sizes.py"
     path.write_text("\n".join(lines))
     print(f"wrote {path} ({len(counts)} presets)")
 

@@ -67,8 +67,8 @@ def run_model(name: str, index: int, out: str) -> str:
 def held_out(run_dir: str, other_shapes: bool = False) -> list[dict]:
     """Every ok point of the run, predicted from all the others (leave one out); with `other_shapes`, from
     the points at other (batch, seq) alone."""
+    from ckptbench.point.case import Case
     from ckptbench.run.calibration import calibrated_link, read_calibration
-    from ckptbench.spec.case import Case
     from ckptbench.store.records import load_records
     from ckptbench.theory.time.steptime import baselines, predict_from
 

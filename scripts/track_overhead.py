@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from ckptbench.spec.case import preset
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.case import preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.track import track
 from ckptbench.train.models import build_model, synthetic_batch
 

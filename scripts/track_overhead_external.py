@@ -40,7 +40,7 @@ SIZES = (("llama-tiny", 64, 200), ("llama-small", 128, 120), ("llama-small", 512
 
 CHILD = r"""
 import json, sys, time, torch
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.train.models import build_model, synthetic_batch
 name, seq, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 
-from ckptbench.spec.case import Case
+from ckptbench.point.case import Case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "results", "reference-cpu")

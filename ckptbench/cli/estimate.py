@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..spec.case import ATTENTIONS, PRESETS
-from ..spec.setup import precision_name
-from ..spec.strategy import SAC_POLICIES
+from ..point.case import ATTENTIONS, PRESETS
+from ..point.setup import precision_name
+from ..point.strategy import SAC_POLICIES
 from ..theory.memory import estimate as est_mod
 from .quick import add_precision_flags, precision_flag, train_lines
 
@@ -158,7 +158,7 @@ def _simulated_only(case) -> int:
     sim = simulate(case.model, case.batch_size, case.seq_len, case.every_n_layers, case.offload,
                    device=case.device, setup=case.setup, recompute=case.recompute,
                    grad_accum=case.grad_accum).to_dict()
-    from ..spec.case import not_analytic_because
+    from ..point.case import not_analytic_because
 
     spec = case.model
     why = (not_analytic_because(spec, case.setup, case.device)
@@ -176,7 +176,7 @@ def _sharded(case, world: int) -> int:
     """One FSDP2 rank's memory and the collectives of a step, per rank (shards are padded to N rows)."""
     from dataclasses import replace
 
-    from ..spec.case import analytic_sharded_point
+    from ..point.case import analytic_sharded_point
     from ..theory.comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     case = replace(case, world_size=world, setup=replace(case.setup, sharding="fsdp"))

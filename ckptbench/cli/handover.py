@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ..spec.strategy import SAC_POLICIES, checkpointed_layers, layer_set_name
+from ..point.strategy import SAC_POLICIES, checkpointed_layers, layer_set_name
 
 POLICY_FILE = '''"""{title}
 

@@ -2,7 +2,7 @@
 
 Parameter counts are those of the model transformers builds on the meta device (no memory, no weights), so
 they are the real architecture's, MoE experts and tied heads included: counted once by
-``scripts/preset_sizes.py`` into :mod:`ckptbench.spec.preset_sizes` (a test rebuilds every preset against it),
+``scripts/preset_sizes.py`` into :mod:`ckptbench.point.preset_sizes` (a test rebuilds every preset against it),
 so listing them needs neither torch nor transformers.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 
 def cmd_models(args) -> int:
-    from ..spec.case import PRESETS, preset
-    from ..spec.preset_sizes import PARAMS
+    from ..point.case import PRESETS, preset
+    from ..point.preset_sizes import PARAMS
 
     print(f"{'preset':<14} {'model_type':<12} {'layers':>6} {'hidden':>6} {'params':>9}  estimate")
     for name in PRESETS:

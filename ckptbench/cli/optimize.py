@@ -60,7 +60,7 @@ def optimizing(args) -> bool:
 
 def compile_budgets(args) -> list[float]:
     """--compile-budgets 0,0.5,1: each a number in [0, 1], with --verify only."""
-    from ..spec.strategy import compile_budget_problem
+    from ..point.strategy import compile_budget_problem
 
     if not args.compile_budgets:
         return []
@@ -105,7 +105,7 @@ def _refuse_flags(args) -> None:
 
 
 def cmd_optimize(args) -> int:
-    from ..spec.case import analytic_point
+    from ..point.case import analytic_point
     from ..theory.policy import plan as planner
     from ..theory.policy.optimize import optimize
     from .plan import assumptions, not_ranked, predictor, sac_policies, streams

@@ -57,13 +57,13 @@ def _case(args):
 
 
 def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[str, ...] = (), across: bool = True):
-    """The analytic estimate where it describes the point (:func:`~ckptbench.spec.case.analytic_point`: a family
+    """The analytic estimate where it describes the point (:func:`~ckptbench.point.case.analytic_point`: a family
     that has one under the manual loop, pure or bf16-mixed) unless --simulate, else the few-layer FakeTensor
     simulation extrapolated to full depth; with `sac`, each policy's own few-layer fit beside it
     (:class:`~ckptbench.theory.policy.planstrategies.PerStrategy`).  `across`: fit batch 1 across sequence lengths too
     (the longest length each strategy reaches; its simulations at 2 and 4 times `seq` are the slowest)."""
-    from ..spec.case import analytic_point, analytic_sharded_point
-    from ..spec.setup import Setup
+    from ..point.case import analytic_point, analytic_sharded_point
+    from ..point.setup import Setup
     from ..theory.policy import plan as planner
 
     setup = setup or Setup()
@@ -79,7 +79,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
     base = planner.Analytic() if analytic_point(spec, setup, a.device) and not force_simulation else None
     if base is not None and not sac:
         return base
-    from ..spec.strategy import Recompute
+    from ..point.strategy import Recompute
     from ..theory.memory import simulate as _preload  # noqa: F401  (imported once, inherited by the forked simulators)
     from ..theory.memory.extrapolate import NotAffine, Simulated, SimulationFailed, extrapolation
     from ..theory.policy.planstrategies import PerStrategy
@@ -110,7 +110,7 @@ def predictor(spec, seq: int, a, force_simulation: bool, setup=None, sac: tuple[
 
 def sac_policies(text: str | None) -> tuple[str, ...]:
     """``--sac save-matmuls,save-attention`` or ``--sac all``: the named policies, each once, in order."""
-    from ..spec.strategy import SAC_POLICIES
+    from ..point.strategy import SAC_POLICIES
 
     if not text:
         return ()
@@ -242,7 +242,7 @@ def cmd_plan(args) -> int:
     sac = sac_policies(args.sac)
     if sac and args.verify:
         raise UsageError("--sac: not with --verify (which measures every_n_layers settings)")
-    from ..spec.case import analytic_point
+    from ..point.case import analytic_point
 
     if args.layer_sets and (args.verify or args.simulate or a.sharding != "ddp"
                             or not analytic_point(spec, case.setup, a.device)):
@@ -301,7 +301,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the fastest checkpointing setting that fits a card or a memory budget")
     p.add_argument("--model", required=True, help="a preset, a config.json (or directory), or a hub name")
     p.add_argument("--seq", type=int, required=True, help="sequence length")
-    from ..spec.cards import CARDS
+    from ..point.cards import CARDS
 
     p.add_argument("--device", default="h100", choices=("cpu", *CARDS),
                    help="the card (the memory torch sees on it, its datasheet FLOP/s), or cpu with --memory "

@@ -76,8 +76,8 @@ def step_timer(args, a, threads: int):
 def run_fit(run_dir: str):
     """The achieved fractions of a CUDA run's single-rank records (at least two shapes) and a row per point
     (:func:`~ckptbench.theory.time.achieved.achieved_from`), or None."""
+    from ..point.case import Case
     from ..run.calibration import read_calibration
-    from ..spec.case import Case
     from ..store.records import load_records
     from ..theory.time.achieved import achieved_from
 

@@ -12,8 +12,8 @@ import os
 import re
 
 from ..base.errors import UsageError
-from ..spec.case import PRESETS
-from ..spec.setup import LOOPS, OPTIMIZERS, PRECISIONS
+from ..point.case import PRESETS
+from ..point.setup import LOOPS, OPTIMIZERS, PRECISIONS
 
 # What a command that names no precision runs: what Trainer(bf16=True) / Accelerator(mixed_precision="bf16")
 # run, fp32 master weights with bf16 autocast; a suite file that names none keeps fp32, as before.

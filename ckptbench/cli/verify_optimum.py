@@ -41,8 +41,8 @@ def verdict(mine: tuple[float, float, float], theirs: tuple[float, float, float]
 
 def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list[float] = (),
                    every_n=None) -> int:
+    from ..point.strategy import checkpointed_layers
     from ..run.sweep import SweepOptions, run_sweep
-    from ..spec.strategy import checkpointed_layers
     from ..store.records import load_records
     from ..suite.parse import parse_suite
     from ..theory.verdicts.annotate import annotate_record

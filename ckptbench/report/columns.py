@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..spec.case import PRESETS
-from ..spec.setup import precision_name
-from ..spec.strategy import checkpointing_name
+from ..point.case import PRESETS
+from ..point.setup import precision_name
+from ..point.strategy import checkpointing_name
 
 # short name -> (dotted column of store.records.to_frame, kind).  kind: num | str | bool | obj (lists, dicts).
 COLUMNS: dict[str, tuple[str, str]] = {

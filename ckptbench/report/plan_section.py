@@ -11,7 +11,7 @@ import json
 import os
 
 from ..base.regularfile import open_regular
-from ..spec.setup import precision_name
+from ..point.setup import precision_name
 from .figures import Figure
 
 PLAN_FILE = "plan.json"

@@ -31,8 +31,8 @@ from dataclasses import replace
 
 from ..base.finite import finite_number
 from ..base.regularfile import open_regular
-from ..spec.case import Case
-from ..spec.strategy import Recompute
+from ..point.case import Case
+from ..point.strategy import Recompute
 from ..store.files import write_text_atomic
 from ..theory.time.roofline import HOST_LINK_BYTES_PER_S
 from ..theory.time.steptime import added_s

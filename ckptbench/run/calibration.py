@@ -11,7 +11,7 @@ import sys
 
 from ..base.errors import UsageError
 from ..base.regularfile import open_regular
-from ..spec.case import Case
+from ..point.case import Case
 from ..theory.time.duration import Rates, rate_key
 
 CALIBRATION_TIMEOUT_S = 120

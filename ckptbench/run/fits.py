@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..spec.case import Case
+from ..point.case import Case
 from ..theory.memory.estimate import estimate_case
 from .hostmem import HostMemory, human_bytes, read_host_memory
 

@@ -18,7 +18,7 @@ import threading
 import time
 
 from ..base.errors import WORKER_DISK_FULL_EXIT, storage_reason
-from ..spec.case import Case
+from ..point.case import Case
 from ..store.files import tail
 from .faults import Fault
 from .hostmem import WorkerWatch, explain_kill, human_bytes, read_host_memory

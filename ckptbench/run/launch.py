@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import ckptbench
 
-from ..spec.case import Case
+from ..point.case import Case
 from ..store.files import tail
 from .lifeline import CORES_VAR
 from .nodes import Nodes, rendezvous_args

@@ -16,7 +16,7 @@ import gc
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..spec.case import FAMILIES, preset
+from ..point.case import FAMILIES, preset
 from ..train.models import hf_config
 
 

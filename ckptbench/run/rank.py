@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from ..spec.case import SYNC_IMPLS, Case
+from ..point.case import SYNC_IMPLS, Case
 from ..store.files import write_json_atomic
 from .lifeline import die_with_parent
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..spec.case import Case
+from ..point.case import Case
 from .slots import Placement, Slot, place
 
 POLL_S = 0.1  # how often the main thread looks up from waiting (a stop request is seen this fast)

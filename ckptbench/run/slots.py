@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..base.errors import UsageError
-from ..spec.case import Case
+from ..point.case import Case
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 
 from ..base.errors import StorageError
-from ..spec.case import Case
+from ..point.case import Case
 from ..store.machine_speed import append_reading
 
 READINGS_PER_MOMENT = 2

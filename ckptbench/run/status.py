@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..base.errors import UsageError
 from ..base.regularfile import open_regular
-from ..spec.case import Case
+from ..point.case import Case
 from ..store.records import load_records
 from ..suite.parse import load_suite
 from .outcome import job_outcome

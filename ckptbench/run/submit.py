@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import submitit
 
-from ..spec.case import Suite
+from ..point.case import Suite
 from .lifeline import die_with_parent
 from .outcome import write_outcome
 from .scheduler import Stopped, StopRequest

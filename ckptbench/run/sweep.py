@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..base.errors import StorageError, UsageError
 from ..measure.nvml import nvml_total_bytes
-from ..spec.case import Case, Suite
+from ..point.case import Case, Suite
 from ..store.files import write_text_atomic
 from ..store.load import record_load
 from ..store.records import RecordStore

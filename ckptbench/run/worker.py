@@ -23,7 +23,7 @@ from ..measure.layertime import LayerClock
 from ..measure.steps import StepLosses, step_probe_for
 from ..measure.stopping import StopRule
 from ..measure.timing import StepStats, timer_for
-from ..spec.case import Case
+from ..point.case import Case
 from ..store.files import write_json_atomic
 from ..theory.time.flops import figures as flop_figures
 from ..train.adapters import adapter_facts, base_parameter_count, with_adapters

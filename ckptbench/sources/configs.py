@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from ..base.regularfile import open_regular
-from ..spec.case import FAMILIES, ModelSpec, canonical_config
+from ..point.case import FAMILIES, ModelSpec, canonical_config
 from .answers import remembered
 
 # ModelSpec field -> config.json names, first found wins.  A model type's config class reads each dimension

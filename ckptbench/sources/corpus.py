@@ -26,7 +26,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
-from ..spec.case import DataSpec
+from ..point.case import DataSpec
 
 HELD_OUT_EVERY = 20  # document i is held out when i % 20 == 19: 5 % of the documents
 FILE_PIECES = 100  # a single text file is cut into this many documents

@@ -13,10 +13,10 @@ import math
 from dataclasses import MISSING, fields
 from numbers import Real
 
-from ..spec.case import Case, DataSpec, ModelSpec
-from ..spec.setup import Setup
-from ..spec.strategy import OFFLOAD_KINDS, Recompute, compile_budget_problem
-from ..spec.training import Timing, TrainSpec
+from ..point.case import Case, DataSpec, ModelSpec
+from ..point.setup import Setup
+from ..point.strategy import OFFLOAD_KINDS, Recompute, compile_budget_problem
+from ..point.training import Timing, TrainSpec
 
 STATUSES = ("ok", "unchecked", "oom", "over_budget", "timeout", "crash", "unsupported", "skipped")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..spec.setup import PRECISIONS
+from ..point.setup import PRECISIONS
 
 # A suite's axes may cross to more points than a sweep runs without --yes (cli/sweep.py's MAX_POINTS), but
 # not to more than this: each point is a Case in memory before anything runs.

@@ -23,20 +23,7 @@ import tomllib
 
 from ..base.env import torchrun_path
 from ..base.regularfile import open_regular
-from ..sources.configs import (
-    DIM_WORDS,
-    ConfigError,
-    at_depth,
-    build_problem,
-    default_attention,
-    extra_problem,
-    hub_config,
-    model_class,
-    read_config_file,
-    spec_values,
-)
-from ..sources.corpus import CorpusError, check_available
-from ..spec.case import (
+from ..point.case import (
     ATTENTIONS,
     BYTE_VOCAB,
     DATA_SOURCES,
@@ -53,7 +40,20 @@ from ..spec.case import (
     canonical_config,
     preset,
 )
-from ..spec.setup import PRECISIONS
+from ..point.setup import PRECISIONS
+from ..sources.configs import (
+    DIM_WORDS,
+    ConfigError,
+    at_depth,
+    build_problem,
+    default_attention,
+    extra_problem,
+    hub_config,
+    model_class,
+    read_config_file,
+    spec_values,
+)
+from ..sources.corpus import CorpusError, check_available
 from .keys import (
     AXES,
     DATA_KEYS,

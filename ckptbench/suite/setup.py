@@ -1,5 +1,5 @@
 """The ``[train]`` table and the setup axes of a suite: precision × loop × LoRA rank × sharding × optimizer
-become the :class:`~ckptbench.spec.setup.Setup` of each point, every wrong value a :class:`SuiteError`
+become the :class:`~ckptbench.point.setup.Setup` of each point, every wrong value a :class:`SuiteError`
 naming its key."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import fields, replace
 
-from ..spec.setup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
-from ..spec.training import Timing, TrainSpec
+from ..point.setup import LOOPS, LORA_QUANTIZE, OPTIMIZERS, PRECISIONS, SHARDINGS, Lora, Setup
+from ..point.training import Timing, TrainSpec
 from .keys import LIMITS, _Checker, _is, compute_dtype
 
 LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "targets": list, "quantize": str}

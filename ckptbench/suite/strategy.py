@@ -1,5 +1,5 @@
 """The strategy axis of a suite: ``every_n_layers``, ``checkpoint_layers`` and ``sac`` become the
-(every_n_layers, :class:`~ckptbench.spec.strategy.Recompute`) of each point, every wrong value a
+(every_n_layers, :class:`~ckptbench.point.strategy.Recompute`) of each point, every wrong value a
 :class:`SuiteError` naming its key.
 
 ``every_n_layers`` and ``checkpoint_layers`` are one axis: the sweep runs each n and each layer set (a
@@ -10,7 +10,7 @@ activation memory budget: the partitioner decides what is recomputed, so such a 
 through transformers and crosses with no n, layer set, SAC policy or offload.
 
 ``offload`` takes ``false``, ``true`` (transformers' own offload) and an offload kind of
-:data:`~ckptbench.spec.strategy.OFFLOAD_KINDS` (``"streamed"``): :func:`offload_point` turns each value into the
+:data:`~ckptbench.point.strategy.OFFLOAD_KINDS` (``"streamed"``): :func:`offload_point` turns each value into the
 Case's ``offload`` and its Recompute's ``offload``.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..spec.strategy import OFFLOAD_KINDS, SAC_POLICIES, Recompute, compile_budget_problem, layer_set_problem
+from ..point.strategy import OFFLOAD_KINDS, SAC_POLICIES, Recompute, compile_budget_problem, layer_set_problem
 from .keys import _Checker
 
 SAC_OFF = "off"

@@ -21,7 +21,7 @@ def track(model, optimizer, out: str | None = "results/track", *, name: str = ""
           train=None, echo: bool = True, accelerator=None, every: int | None = None, at=()):
     """A :class:`~ckptbench.track.loop.Tracker` on `model` and `optimizer` (an Accelerate-prepared one or a
     plain ``torch.optim`` one), writing its record under `out`; use it as a context manager and frame each
-    optimizer step with ``t.step(batch)``.  `train` (a :class:`~ckptbench.spec.training.TrainSpec`) sets the
+    optimizer step with ``t.step(batch)``.  `train` (a :class:`~ckptbench.point.training.TrainSpec`) sets the
     warm-up steps and the timed steps' precision and caps; `name` the record's suite name (``track:<name>``,
     default the script's name); `accelerator`: an ``accelerate.Accelerator`` whose trackers
     (``init_trackers``) receive each record's figures through ``accelerator.log`` (keys under ``ckptbench/``);

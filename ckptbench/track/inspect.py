@@ -1,4 +1,4 @@
-"""What a user's own run is, read from the objects it trains: the :class:`~ckptbench.spec.case.Case` a sweep
+"""What a user's own run is, read from the objects it trains: the :class:`~ckptbench.point.case.Case` a sweep
 would run for it, and what could not be told.
 
 Read, never asked: the model's config and class (through peft's and Accelerate's wrappers), its dtype, its
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..measure.quiet import transformers_quiet
+from ..point.case import PRESETS, Case, ModelSpec, canonical_config, preset
+from ..point.setup import Lora, Setup
+from ..point.strategy import Recompute, checkpointed_layers
+from ..point.training import TrainSpec
 from ..sources.configs import DIM_ALIASES, DROPPED, spec_values
-from ..spec.case import PRESETS, Case, ModelSpec, canonical_config, preset
-from ..spec.setup import Lora, Setup
-from ..spec.strategy import Recompute, checkpointed_layers
-from ..spec.training import TrainSpec
 from ..train.checkpointing import decoder_layers
 from ..train.models import hf_config
 

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import torch
 
+from ..point.case import Case
 from ..run.worker import simulated_estimate
-from ..spec.case import Case
 from ..theory.verdicts.annotate import annotate_record
 from ..theory.verdicts.checks import verdict
 from ..theory.verdicts.ddp import bucket_bytes, ddp_rank_checks, written_buckets

@@ -76,7 +76,7 @@ class Tracker:
         if train is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
             # DDP builds its gradient buckets in the forward after the first backward: the memory step comes
             # after that, as every later step of the run is (the buckets are DDP's state, as the optimizer's is)
-            from ..spec.training import TrainSpec
+            from ..point.training import TrainSpec
 
             train = TrainSpec(warmup_steps=2)
         self.session = Session(out, name=name, loop=self.loop, train=train, echo=echo, every=every, at=at)

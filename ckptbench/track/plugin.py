@@ -28,7 +28,7 @@ import re
 
 import pytest
 
-from ..spec.training import Timing, TrainSpec
+from ..point.training import Timing, TrainSpec
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 # the fixture's steps: enough timed steps for compare's test, few enough for a test suite

@@ -26,11 +26,11 @@ from dataclasses import replace
 import torch
 
 from ..measure.quiet import transformers_quiet
+from ..point.case import Case, Suite
+from ..point.training import TrainSpec
 from ..run.environment import host_part
 from ..run.sweep import make_record
 from ..run.worker import StepSchedule, device_environment, measurement_of
-from ..spec.case import Case, Suite
-from ..spec.training import TrainSpec
 from ..store.records import RecordStore
 from ..store.validate import record_problem
 from ..train.checkpointing import decoder_layers, pinned_memory_error
@@ -350,6 +350,6 @@ class Session:
 
 
 def _placeholder():
-    from ..spec.case import preset
+    from ..point.case import preset
 
     return preset("llama-tiny")

@@ -13,7 +13,7 @@ import inspect as pyinspect
 
 from transformers import Trainer, TrainerCallback
 
-from ..spec.training import TrainSpec
+from ..point.training import TrainSpec
 from ..train.trainer_probes import instrument, probes_callback
 from .figures import figures_of
 from .inspect import causal_lm_refusal

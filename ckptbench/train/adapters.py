@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from ..spec.setup import Lora
+from ..point.setup import Lora
 
 
 def with_adapters(model: torch.nn.Module, lora: Lora | None) -> torch.nn.Module:

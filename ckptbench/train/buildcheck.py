@@ -8,8 +8,8 @@ import dataclasses
 import json
 import sys
 
+from ..point.case import ModelSpec, canonical_config
 from ..sources.configs import error_line
-from ..spec.case import ModelSpec, canonical_config
 from .models import build_model
 
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..spec.strategy import SAC_POLICIES, Recompute
+from ..point.strategy import SAC_POLICIES, Recompute
 
 
 def enable_checkpointing(model: torch.nn.Module, every_n_layers: int, offload: bool,
@@ -69,7 +69,7 @@ def sac_policy(names: tuple[str, ...]):
 
 
 def sac_context_fn(sac: str):
-    """torch's ``context_fn`` for a policy of :data:`~ckptbench.spec.strategy.SAC_POLICIES`: a fresh pair of
+    """torch's ``context_fn`` for a policy of :data:`~ckptbench.point.strategy.SAC_POLICIES`: a fresh pair of
     selective-checkpoint contexts for each checkpointed call, as torch's documentation builds it."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..point.case import Case
 from ..sources.corpus import read_corpus
-from ..spec.case import Case
 from .models import synthetic_batch
 
 

@@ -40,7 +40,7 @@ from ..measure.memory import probe_for
 from ..measure.saved import LayerProbe
 from ..measure.storage import StorageSerials
 from ..measure.timing import boundary_clock
-from ..spec.case import Case
+from ..point.case import Case
 from .checkpointing import decoder_layers, enable_checkpointing
 from .data import rank_data
 from .models import build_model

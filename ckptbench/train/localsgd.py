@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ..measure.comm import C10dInterposer, CollectiveRecorder, collective_totals
 from ..measure.storage import LiveStorageTracker, track_training_state
 from ..measure.timing import boundary_clock
-from ..spec.case import SYNC_IMPLS, Case
+from ..point.case import SYNC_IMPLS, Case
 from .checkpointing import enable_checkpointing
 from .data import eval_steps, rank_data
 from .evaluate import averaged_held_out_loss

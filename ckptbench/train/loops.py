@@ -25,7 +25,7 @@ import tempfile
 
 import torch
 
-from ..spec.case import Case
+from ..point.case import Case
 from .checkpointing import checkpoint_kwargs, enable_checkpointing, select_layers
 from .compiled import CompiledModel
 from .optimizers import build_optimizer, trainer_choice

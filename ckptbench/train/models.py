@@ -8,8 +8,8 @@ import functools
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from ..point.case import ModelSpec
 from ..sources.configs import DIM_ALIASES, at_depth, config_keys, error_line
-from ..spec.case import ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

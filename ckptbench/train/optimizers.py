@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..spec.setup import OPTIMIZERS, Setup
+from ..point.setup import OPTIMIZERS, Setup
 
 # name -> (module, class, constructor settings beside the parameters and the learning rate)
 OPTIMIZER_CLASSES: dict[str, tuple[str, str, dict]] = {

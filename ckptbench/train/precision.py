@@ -14,7 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ..spec.case import Case
+from ..point.case import Case
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -14,8 +14,8 @@ import json
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..point.case import ModelSpec
 from ..sources.configs import DIM_NAMES, at_depth, error_line
-from ..spec.case import ModelSpec
 
 
 def requested_config(spec: ModelSpec):

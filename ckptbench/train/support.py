@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..spec.case import Case
+from ..point.case import Case
 from .optimizers import optimizer_refusal
 
 

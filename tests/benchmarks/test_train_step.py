@@ -19,9 +19,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.train.checkpointing import enable_checkpointing, offload_without_pinning, pinned_memory_error
 from ckptbench.train.models import build_model, synthetic_batch
 from ckptbench.train.step import train_step

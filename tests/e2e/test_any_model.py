@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, ModelSpec, canonical_config
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import Unsupported, measure
-from ckptbench.spec.case import Case, ModelSpec, canonical_config
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record, checkpointed_input_formula
 from ckptbench.train.checkpointing import offload_without_pinning
 from tests.conftest import covering

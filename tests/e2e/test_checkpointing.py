@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -14,10 +14,10 @@ import json
 import pytest
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.theory.verdicts.annotate import annotate_record
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record
 from ckptbench.train.checkpointing import pinned_memory_error
 

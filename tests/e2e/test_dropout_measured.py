@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, ModelSpec, canonical_config
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, ModelSpec, canonical_config
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record
 
 pytestmark = pytest.mark.e2e

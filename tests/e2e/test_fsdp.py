@@ -10,10 +10,10 @@ because a torchrun start-up costs seconds; one group of 3 ranks runs none, where
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.comm.fsdp import (
     PEAK_TOLERANCE,
     fsdp_case_comm,

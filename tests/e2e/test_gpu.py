@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import run_distributed_cases
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.comm.comm import comm_estimate
 
 pytestmark = pytest.mark.e2e

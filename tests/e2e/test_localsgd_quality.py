@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from ckptbench.point.case import Case, DataSpec, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.render import render_report
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
-from ckptbench.spec.case import Case, DataSpec, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import RecordStore
 from tests.e2e.report_html import Page
 

@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import PRECISIONS, Lora, Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.sweep import SweepOptions, run_sweep
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import PRECISIONS, Lora, Setup
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
 from ckptbench.theory.memory.simulate import simulate

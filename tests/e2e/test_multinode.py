@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ckptbench.point.case import Case, DataSpec, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import free_port, run_distributed_cases
 from ckptbench.run.nodes import Nodes
-from ckptbench.spec.case import Case, DataSpec, preset
-from ckptbench.spec.training import TrainSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # make test-all only: two hosts of torchrun groups (95 s)
 

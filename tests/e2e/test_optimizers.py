@@ -8,10 +8,10 @@ import importlib.util
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import PRECISIONS, Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import Unsupported, measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import PRECISIONS, Setup
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.memory.estimate import estimate_case
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.verdicts.checks import check

@@ -12,9 +12,9 @@ from multiprocessing import get_context
 
 import pytest
 
+from ckptbench.point.case import preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.spec.case import preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
 from ckptbench.theory.memory.extrapolate import Simulated, extrapolation

@@ -11,12 +11,12 @@ from multiprocessing import get_context
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Lora, Setup
+from ckptbench.point.strategy import checkpointed_layers
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.run.sweep import SweepOptions, run_sweep
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Lora, Setup
-from ckptbench.spec.strategy import checkpointed_layers
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.suite.parse import load_suite
 from ckptbench.theory.comm.fsdp import in_flight_allowance

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import PRECISIONS, Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import PRECISIONS, Setup
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.memory.loop_step import LoopStep
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.verdicts.annotate import annotate_record

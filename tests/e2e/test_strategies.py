@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 

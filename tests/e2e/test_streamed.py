@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record
 from ckptbench.train.checkpointing import enable_checkpointing, offload_for
 from ckptbench.train.models import build_model, synthetic_batch

@@ -314,9 +314,9 @@ def test_a_worker_whose_parent_is_gone_ends_after_its_own_timeout(tmp_path):
     """No parent left to enforce the timeout: the worker's own alarm ends it."""
     import multiprocessing
 
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
     from ckptbench.run import worker
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
     proc = multiprocessing.get_context("fork").Process(

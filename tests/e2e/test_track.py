@@ -14,11 +14,11 @@ import sys
 import pytest
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Lora, Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Lora, Setup
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 
 pytestmark = pytest.mark.e2e

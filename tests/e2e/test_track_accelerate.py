@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
+from ckptbench.point.case import Case
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case
 from ckptbench.store.records import load_records
 from tests.e2e.test_track import example, fresh_accelerate  # noqa: F401 (the fixture, used by every test)
 

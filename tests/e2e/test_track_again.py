@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.track import TrainerTracker, track
 

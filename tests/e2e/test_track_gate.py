@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from ckptbench.spec.case import preset
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.case import preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.store.records import load_records
 from ckptbench.track.plugin import StepGate, parse_bytes
 from ckptbench.train.models import build_model, synthetic_batch
@@ -77,7 +77,7 @@ def test_a_new_case_is_recorded_and_passes_only_when_allowed(tmp_path):
 def test_the_fixture_is_a_pytest_plugin(tmp_path):
     (tmp_path / "test_mine.py").write_text(textwrap.dedent("""
         import torch
-        from ckptbench.spec.case import preset
+        from ckptbench.point.case import preset
         from ckptbench.train.models import build_model, synthetic_batch
 
         def test_step(ckptbench_step):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.track import TrainerTracker, track
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.store.records import load_records
 from ckptbench.track import track
 from ckptbench.train.checkpointing import offload_without_pinning

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.time.achieved import AchievedTimer, fit, predict_with, quantile
 from ckptbench.theory.time.achieved_fit import H200
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.run.worker import measure
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import Timing, TrainSpec
 from ckptbench.theory.verdicts.annotate import annotate_record
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from ckptbench.base.errors import UsageError
 from ckptbench.cli import main
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.compare import summary_lines
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.compare import (
     BENCHMARK,
     SWEEP,

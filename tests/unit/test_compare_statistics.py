@@ -17,9 +17,9 @@ import pytest
 
 from ckptbench.cli import main
 from ckptbench.measure.interval import coverage_label
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.compare import summary_lines
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store import error_rates as er
 from ckptbench.store.compare import Thresholds, compare_paths, compare_runs
 from ckptbench.store.machine_speed import READINGS, machine_speed

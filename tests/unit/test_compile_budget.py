@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.strategy import Recompute, checkpointing_name
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.strategy import Recompute, checkpointing_name
+from ckptbench.point.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.suite.keys import SuiteError
 from ckptbench.train.support import refusal

@@ -6,6 +6,7 @@ import sysconfig
 
 import pytest
 
+from ckptbench.point.case import DataSpec
 from ckptbench.sources.corpus import (
     HELD_OUT_EVERY,
     SEPARATOR,
@@ -15,7 +16,6 @@ from ckptbench.sources.corpus import (
     split_documents,
     stdlib_files,
 )
-from ckptbench.spec.case import DataSpec
 
 
 def test_stdlib_files_are_sorted_sources_without_tests_or_installed_packages():

@@ -11,8 +11,8 @@ import pathlib
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory import workspaces
 from ckptbench.theory.memory.estimate import estimate_case
 from ckptbench.theory.memory.workspaces import capability_major, cublas_workspace_bytes

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, DataSpec
+from ckptbench.point.case import Case, DataSpec
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import load_suite, parse_suite
 

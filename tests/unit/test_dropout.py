@@ -8,9 +8,9 @@ import json
 import pytest
 from transformers import AutoConfig
 
+from ckptbench.point.case import DROPOUT_DEFAULTS, Case, ModelSpec, canonical_config, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.columns import dropout_label
-from ckptbench.spec.case import DROPOUT_DEFAULTS, Case, ModelSpec, canonical_config, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite
 from ckptbench.theory.verdicts.checks import config_checks

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.theory.memory.params import param_count
 from ckptbench.theory.time import duration
 from ckptbench.theory.time.duration import Rates, point_seconds, project

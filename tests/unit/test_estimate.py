@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.measure.bus import bus_bytes
-from ckptbench.spec.case import PRESETS, Case, ModelSpec, preset
-from ckptbench.spec.strategy import checkpointed_layers
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import PRESETS, Case, ModelSpec, preset
+from ckptbench.point.strategy import checkpointed_layers
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory import estimate as E
 from ckptbench.theory.memory.activations import layer_activation_terms
 from ckptbench.theory.memory.params import param_count

@@ -16,8 +16,8 @@ from multiprocessing import get_context
 import numpy as np
 import pytest
 
-from ckptbench.spec.case import ModelSpec, canonical_config, preset
-from ckptbench.spec.strategy import checkpointed_layers
+from ckptbench.point.case import ModelSpec, canonical_config, preset
+from ckptbench.point.strategy import checkpointed_layers
 from ckptbench.theory.memory.extrapolate import (
     NotAffine,
     Observation,
@@ -90,8 +90,8 @@ def test_a_model_without_an_analytic_estimate_extrapolates_exactly(qwen3_cpu, la
 
 @pytest.mark.slow
 def test_the_planner_predictor_answers_full_depth_cases(qwen3_cpu):
-    from ckptbench.spec.case import Case
-    from ckptbench.spec.training import TrainSpec
+    from ckptbench.point.case import Case
+    from ckptbench.point.training import TrainSpec
 
     deep = dataclasses.replace(QWEN3, layers=10)
     case = Case(model=deep, train=TrainSpec(), batch_size=4, seq_len=SEQ, every_n_layers=3, device="cpu")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.time import flops
 
 TINY = preset("llama-tiny")  # hidden 64, 4 layers, 4 heads (head_dim 16), 2 kv heads, intermediate 128, vocab 256
@@ -109,7 +109,7 @@ def test_formula_equals_torchs_flop_counter(family, attn, every_n):
     import torch
 
     from ckptbench.measure.flops import FlopCounter
-    from ckptbench.spec.strategy import checkpointed_layers
+    from ckptbench.point.strategy import checkpointed_layers
     from ckptbench.train.checkpointing import enable_checkpointing
     from ckptbench.train.models import build_model, synthetic_batch
 

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import PRESETS, Case, analytic_sharded_point, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import PRESETS, Case, analytic_sharded_point, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.comm.fsdp import (
     fsdp_case_comm,
     fsdp_comm_estimate,
@@ -102,9 +102,9 @@ def test_adamw_state_is_the_unpadded_chunk_per_rank():
 
 def test_estimate_prints_each_fsdp_rank_and_the_collectives(capsys):
     from ckptbench.cli import main
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.setup import Setup
-    from ckptbench.spec.training import TrainSpec
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.setup import Setup
+    from ckptbench.point.training import TrainSpec
     from ckptbench.theory.comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 
     assert main(["estimate", "--model", "llama-tiny", "--batch", "2", "--seq", "32", "--device", "cpu",

@@ -4,9 +4,9 @@ on a loaded machine never wins; the machine's load is stated with what it did to
 
 from __future__ import annotations
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report import columns, headline
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
 from ckptbench.store.repeats import single_records
 

@@ -86,9 +86,9 @@ def test_an_early_dip_in_available_memory_does_not_label_a_later_kill(monkeypatc
 
 
 def test_against_the_memory_cap_a_point_needs_the_workers_baseline_too():
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
     from ckptbench.run.fits import WORKER_BASELINE_BYTES, estimated_peak, too_big
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=1, seq_len=8)
     peak = estimated_peak(case)
@@ -108,9 +108,9 @@ def test_a_worker_reports_its_resident_memory_before_its_step(tmp_path):
     import json
     import multiprocessing
 
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
     from ckptbench.run import worker
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.training import TrainSpec
 
     case = Case(model=preset("llama-tiny"), train=TrainSpec(warmup_steps=0, steps=1), batch_size=1, seq_len=8)
     out = tmp_path / "r.json"

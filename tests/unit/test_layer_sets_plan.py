@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.theory.memory.estimate import estimate
 from ckptbench.theory.memory.layersets import best_set, candidates, every_n_counts, layer_set_strategies
 from ckptbench.theory.policy import plan as planner

@@ -22,7 +22,7 @@ MAX_LINES = 400
 RANKS = {
     "__init__": 0,  # the package's version
     "base": 1,  # errors and exit statuses, the host, opening a file a run reads, the finite test
-    "spec": 2,  # what a point is: Case, ModelSpec, [train] settings, setup, strategy, cards, preset sizes
+    "point": 2,  # what a point is: Case, ModelSpec, [train] settings, setup, strategy, cards, preset sizes
     "sources": 3,  # where its model and data come from: configs, transformers' kept answers, the corpus
     "suite": 4,  # TOML in, Cases out: the keys, the setup and strategy axes
     "measure": 5,  # probes: see, never expect
@@ -213,5 +213,5 @@ def test_a_probe_that_imports_theory_is_a_violation(tmp_path):
 
 
 def test_an_unranked_folder_is_a_violation(tmp_path):
-    graph = _tree(tmp_path, {"misc/__init__.py": "", "misc/util.py": "from ..spec import X\n", "spec.py": ""})
-    assert layer_violations(graph, RANKS) == ["pkg.misc.util -> pkg.spec: unit 'misc' has no rank"]
+    graph = _tree(tmp_path, {"misc/__init__.py": "", "misc/util.py": "from ..point import X\n", "point.py": ""})
+    assert layer_violations(graph, RANKS) == ["pkg.misc.util -> pkg.point: unit 'misc' has no rank"]

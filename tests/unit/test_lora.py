@@ -10,9 +10,9 @@ import warnings
 import pytest
 import torch
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Lora, Setup
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Lora, Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.train.adapters import adapter_facts, base_parameter_count, with_adapters
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import _memory_step
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.theory.verdicts.meters import RNG_STATE_BOUND, SCALARS_BOUND, agreement, meter_checks
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning
 from ckptbench.train.models import build_model, synthetic_batch
@@ -105,7 +105,7 @@ def test_a_cpu_bf16_matmul_scratch_is_within_the_meters_allowance_and_fp32_has_n
 
 
 def test_the_bf16_scratch_allowance_applies_to_bf16_matmuls_on_cpu_only():
-    from ckptbench.spec.setup import Setup
+    from ckptbench.point.setup import Setup
     from ckptbench.theory.verdicts.meters import bf16_matmul_scratch_bound
 
     base = dict(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)

@@ -15,9 +15,9 @@ import itertools
 
 import pytest
 
-from ckptbench.spec.case import Case, ModelSpec, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, ModelSpec, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory import estimate as est_mod
 from ckptbench.theory.memory.activations import head_activation_terms, layer_activation_terms
 from ckptbench.theory.memory.estimate import estimate

@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
 
+from ckptbench.point.case import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_config, preset
 from ckptbench.sources.configs import ANALYTIC_DIM_KEYS, config_keys, model_class_here, spec_values
-from ckptbench.spec.case import ANALYTIC_DEFAULTS, FAMILIES, ModelSpec, canonical_config, preset
 from ckptbench.suite import parse as suite_mod
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite

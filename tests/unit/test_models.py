@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ckptbench.spec.case import PRESETS, preset
+from ckptbench.point.case import PRESETS, preset
 from ckptbench.theory.memory.params import param_count
 from ckptbench.train.models import build_model
 
@@ -93,8 +93,8 @@ def test_the_listed_preset_sizes_are_those_of_the_built_models():
     """`ckptbench models` lists sizes without building anything: the table must be the built models'."""
     import torch
 
-    from ckptbench.spec.case import PRESETS, preset
-    from ckptbench.spec.preset_sizes import PARAMS
+    from ckptbench.point.case import PRESETS, preset
+    from ckptbench.point.preset_sizes import PARAMS
     from ckptbench.train.models import build_model
 
     assert set(PARAMS) == set(PRESETS), "run scripts/preset_sizes.py after adding or removing a preset"

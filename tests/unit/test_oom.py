@@ -7,9 +7,9 @@ import multiprocessing
 
 import torch
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run import worker
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 
 
 def test_cuda_oom_is_the_class_child_main_catches():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ckptbench.measure.optrace import OpRecorder
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.time.optrace import trace_case
 
 TINY = preset("llama-tiny", attn="eager")  # 4 layers, hidden 64, MLP 128

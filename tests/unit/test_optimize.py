@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.policy import plan as planner
 from ckptbench.theory.policy.optimize import HostBudget, optimize, policy_case
 

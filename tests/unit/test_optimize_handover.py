@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 
 from ckptbench.cli.handover import every_n_of, policy_file, suite_file, training_arguments
-from ckptbench.spec.case import preset
-from ckptbench.spec.strategy import Recompute
+from ckptbench.point.case import preset
+from ckptbench.point.strategy import Recompute
 from ckptbench.suite.parse import parse_suite
 
 

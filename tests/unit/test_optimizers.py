@@ -17,10 +17,10 @@ import functools
 import pytest
 import torch
 
-from ckptbench.spec.case import Case, analytic_point, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.strategy import checkpointed_layers
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, analytic_point, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.strategy import checkpointed_layers
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory.estimate import estimate
 from ckptbench.theory.memory.extrapolate import extrapolation
 from ckptbench.theory.memory.params import param_count

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.comm.network import LINKS, Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
 from ckptbench.theory.comm.overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops
 from ckptbench.theory.memory.params import param_count

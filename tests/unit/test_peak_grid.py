@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.theory.memory import estimate as est_mod
 from ckptbench.theory.memory.estimate import estimate
 from ckptbench.theory.memory.simulate import simulate
@@ -179,8 +179,8 @@ LAYER_SETS = {
 
 @pytest.mark.parametrize("point", list(LAYER_SETS), ids=lambda p: "-".join(map(str, p)).replace("--", "-"))
 def test_any_layer_set_is_exact_to_the_byte(point):
-    from ckptbench.spec.setup import Setup
-    from ckptbench.spec.strategy import Recompute
+    from ckptbench.point.setup import Setup
+    from ckptbench.point.strategy import Recompute
 
     name, dtype, attn, autocast, layers, batch, seq = point
     spec = preset(name, dtype=dtype, attn=attn, max_positions=4096)

@@ -60,7 +60,7 @@ def test_every_planned_card_is_what_torch_sees_and_has_a_datasheet_rate():
 
 
 def test_equivalent_strategies_are_one_row_and_every_family_stays_in_view():
-    from ckptbench.spec.case import preset
+    from ckptbench.point.case import preset
     from ckptbench.theory.policy.plan import Assumptions, merged, plan, shown_rows
 
     options = plan(preset("llama-8b", dtype="bf16", attn="sdpa"), 8192,
@@ -81,8 +81,8 @@ def test_equivalent_strategies_are_one_row_and_every_family_stays_in_view():
 
 
 def test_the_plan_page_titles_the_card_precision_and_memory_and_draws_from_zero():
+    from ckptbench.point.case import preset
     from ckptbench.report.plan_section import plan_page
-    from ckptbench.spec.case import preset
     from ckptbench.theory.policy.plan import Assumptions, plan, to_dict
 
     a = Assumptions(memory_bytes=81089 * 2**20, device="cuda", device_name="NVIDIA H100 80GB HBM3",

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.store.records import RecordStore
 from ckptbench.theory.memory.margins import measured_margins
 from ckptbench.theory.policy.plan import CUDA_CONTEXT_BYTES, CUDA_RESERVED_MARGIN

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory.estimate import estimate_case
 from ckptbench.theory.memory.extrapolate import Simulated, extrapolation
 from ckptbench.theory.memory.simulate import simulate

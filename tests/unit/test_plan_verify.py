@@ -121,8 +121,8 @@ def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(
 def test_a_one_and_two_layer_pair_that_does_not_hang_together_is_measured_again(monkeypatch, tmp_path):
     """The one-layer step once ran 1.7x slow as a whole (its layer's forward 1.6x): the depth carried that into
     a 1.7x too fast prediction.  Such a pair is measured again, and the undisturbed one is used and kept."""
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.training import TrainSpec
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
 
     disturbed = {"left": 1}
 
@@ -144,8 +144,8 @@ def test_a_one_and_two_layer_pair_that_does_not_hang_together_is_measured_again(
 
 
 def test_a_pair_that_never_hangs_together_is_measured_again_at_most_twice(monkeypatch, tmp_path):
-    from ckptbench.spec.case import Case, preset
-    from ckptbench.spec.training import TrainSpec
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
 
     def measure(case) -> dict:  # the second layer costs nothing: never coherent
         MEASURED.append(case)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.comm.network import LINKS, allreduce_s
 from ckptbench.theory.memory.estimate import estimate_case
 from ckptbench.theory.policy.plan import Analytic, Assumptions, comm_seconds, plan
@@ -64,7 +64,7 @@ def test_plan_shards_bf16_mixed_with_fsdp2s_mixed_precision(capsys):
     from dataclasses import replace
 
     from ckptbench.cli import main
-    from ckptbench.spec.setup import Setup
+    from ckptbench.point.setup import Setup
     from ckptbench.theory.comm.fsdp import fsdp_memory_estimate
 
     # bf16-mixed is plan's default precision

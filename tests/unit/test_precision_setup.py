@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.setup import Setup
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.setup import Setup
+from ckptbench.point.training import TrainSpec
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite
 from ckptbench.theory.policy import plan as planner

@@ -7,10 +7,10 @@ import io
 from rich.console import Console
 
 from ckptbench.cli.progress import slot_lines, sweep_progress
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.scheduler import Running
 from ckptbench.run.slots import cpu_slots, place
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 
 
 def render(progress) -> str:

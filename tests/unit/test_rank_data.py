@@ -2,9 +2,9 @@
 
 import torch
 
+from ckptbench.point.case import Case, DataSpec, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.sources.corpus import read_corpus
-from ckptbench.spec.case import Case, DataSpec, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.train.data import eval_steps, rank_data
 from ckptbench.train.models import synthetic_batch
 

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
+from ckptbench.point.case import Case, DataSpec, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report import columns, localsgd_quality, loss_curves
 from ckptbench.report.render import render_report
-from ckptbench.spec.case import Case, DataSpec, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
 from tests.e2e.report_html import Page
 

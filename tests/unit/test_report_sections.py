@@ -8,10 +8,10 @@ import math
 
 import pandas as pd
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report import columns, headline, tables
 from ckptbench.report.render import SECTIONS, build_context, render_report
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import SCHEMA_VERSION, to_frame
 
 HEADINGS = dict(SECTIONS)

@@ -10,9 +10,9 @@ import os
 import pytest
 
 from ckptbench.cli import main
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.sweep import next_attempts, pending
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import load_records
 
 CASES = [Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=b, seq_len=8) for b in range(1, 6)]

@@ -12,9 +12,9 @@ import functools
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import SAC_POLICIES, Recompute
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import SAC_POLICIES, Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.time import flops
 from ckptbench.theory.verdicts.annotate import annotate_record

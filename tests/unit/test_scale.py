@@ -253,7 +253,7 @@ def _case_variants(case: dict) -> list:
 
 
 def test_the_fast_case_check_accepts_only_what_building_the_case_accepts(monkeypatch):
-    from ckptbench.spec.case import Case
+    from ckptbench.point.case import Case
     from ckptbench.store import validate
 
     records = synthetic_records(60)
@@ -366,8 +366,8 @@ def test_a_run_with_timelines_beside_its_records_parses_only_those_it_draws(tmp_
 
 
 def test_a_preset_with_overridden_dimensions_is_named_by_what_differs():
+    from ckptbench.point.case import preset
     from ckptbench.report.columns import SHAPE, model_label
-    from ckptbench.spec.case import preset
 
     dims = {k: getattr(preset("llama-small"), k) for k in SHAPE}
     assert model_label("llama-small", "llama", dims) == "llama-small"

@@ -10,10 +10,10 @@ import threading
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.scheduler import Interrupted, Stopped, StopRequest, run_on_slots
 from ckptbench.run.slots import cpu_slots
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 
 
 def point(batch: int, world_size: int = 1) -> Case:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.memory.estimate import estimate
 from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.verdicts.checks import check
@@ -88,7 +88,7 @@ def test_grouped_matmul_on_fake_tensors_gives_what_the_cpu_kernel_gives(dtype, w
 
 
 def test_an_fp32_mixture_of_experts_step_is_simulated():
-    from ckptbench.spec.case import ModelSpec, canonical_config
+    from ckptbench.point.case import ModelSpec, canonical_config
 
     experts = canonical_config({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
     spec = ModelSpec(family="qwen3_moe", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=96, vocab=128,

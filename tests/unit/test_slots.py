@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from ckptbench.base.errors import UsageError
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.lifeline import CORES_VAR
 from ckptbench.run.slots import Slot, core_list, cpu_slots, cuda_slots, place, sweep_slots
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 
 
 def case(world_size: int = 1, device: str = "cpu", threads: int = 1) -> Case:

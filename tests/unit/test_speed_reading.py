@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run import speed_reading
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.machine_speed import READINGS, load_readings, machine_speed
 from tests.conftest import TINY_SUITE
 

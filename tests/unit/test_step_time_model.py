@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute
+from ckptbench.point.training import TrainSpec
 from ckptbench.theory.time.steptime import Baseline, added_s, group_key, layer_bytes, predict
 
 FORWARD = (0.010, 0.012, 0.011, 0.013)  # each layer's forward, seconds

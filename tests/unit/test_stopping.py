@@ -10,9 +10,9 @@ import torch
 
 from ckptbench.measure.interval import fewest
 from ckptbench.measure.stopping import CUDA_CHECK_EVERY, StopRule
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.run.worker import StepSchedule
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import Timing, TrainSpec
 
 STEADY = [0.100, 0.101, 0.099, 0.100, 0.1015, 0.0985, 0.100, 0.101, 0.099, 0.100] * 10  # within ±1.5 %
 NOISY = [0.10, 0.14, 0.08, 0.12, 0.09, 0.15, 0.07, 0.13, 0.11, 0.16] * 10  # ±40 %: never ±2 %

@@ -10,8 +10,8 @@ import pytest
 
 from ckptbench.base.errors import StorageError
 from ckptbench.cli import EXIT_STORAGE, main
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.store.files import write_text_atomic
 from ckptbench.store.records import RecordStore, load_records
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute, checkpointing_name
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute, checkpointing_name
+from ckptbench.point.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import parse_suite

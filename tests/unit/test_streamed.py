@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.strategy import Recompute, checkpointing_name
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.strategy import Recompute, checkpointing_name
+from ckptbench.point.training import TrainSpec
 from ckptbench.store.validate import record_problem
 from ckptbench.suite.keys import SuiteError
 from ckptbench.theory.memory.estimate import estimate, estimate_case

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.suite import parse as suite_mod
 from ckptbench.suite.keys import SuiteError
 from ckptbench.suite.parse import load_suite, parse_suite
@@ -359,9 +359,9 @@ def test_setup_axes_cross_into_setups_and_name_the_points():
 
 
 def test_new_setup_fields_keep_old_ids_and_round_trip():
-    from ckptbench.spec.case import Case
-    from ckptbench.spec.setup import Lora, Setup
-    from ckptbench.spec.training import TrainSpec
+    from ckptbench.point.case import Case
+    from ckptbench.point.setup import Lora, Setup
+    from ckptbench.point.training import TrainSpec
 
     plain = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32)
     mixed = Case(model=preset("llama-tiny"), train=TrainSpec(), batch_size=2, seq_len=32,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, Suite, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.sweep import harness_parts, make_record
-from ckptbench.spec.case import Case, Suite, preset
-from ckptbench.spec.training import TrainSpec
 
 
 def test_the_harness_ratio_is_split_into_the_wall_over_timed_steps_the_memory_step_and_the_warm_up():

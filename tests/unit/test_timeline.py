@@ -14,9 +14,9 @@ import torch
 
 from ckptbench.measure import timeline as tl_mod
 from ckptbench.measure.timeline import CudaHistory, Timeline, downsample, replay
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.run.worker import _memory_step
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.store.timelines import Timelines
 from ckptbench.train.checkpointing import decoder_layers, enable_checkpointing, offload_without_pinning

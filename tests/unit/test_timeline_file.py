@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.store import timelines as tl_store
 from ckptbench.store.records import RecordStore, load_records
 from ckptbench.store.timelines import TIMELINES, Timelines, timeline_problem

@@ -8,11 +8,11 @@ import copy
 import json
 import re
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.columns import record_frame, tidy
 from ckptbench.report.render import build_context, render_html
 from ckptbench.report.timeline import MAX_FIGURES, choose
-from ckptbench.spec.case import Case, preset
-from ckptbench.spec.training import TrainSpec
 from ckptbench.store.records import SCHEMA_VERSION, RecordStore
 from ckptbench.store.timelines import TIMELINES
 

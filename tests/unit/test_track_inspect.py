@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from ckptbench.spec.case import preset
+from ckptbench.point.case import preset
 from ckptbench.track.inspect import batch_shape, checkpoint_setting, model_spec, optimizer_setting
 from ckptbench.train.models import build_model
 

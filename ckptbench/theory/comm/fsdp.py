@@ -20,7 +20,7 @@ at c10d on gloo (``tests/e2e/test_fsdp.py``):
 from __future__ import annotations
 
 from ...measure.bus import bus_bytes
-from ...spec.case import DTYPES, Case, ModelSpec
+from ...point.case import DTYPES, Case, ModelSpec
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -290,7 +290,7 @@ def fsdp_memory_estimate(case: Case, rank: int = 0) -> dict:
 def fsdp_predictions(case: Case) -> tuple[dict, list[tuple[str, str, object, float]]]:
     """(estimate, [(quantity, measurement key, predicted, tolerance)]) for an fsdp point; the checks judge
     them (:func:`ckptbench.theory.verdicts.checks.comm_checks`).  Per-rank memory keys are rank 0's."""
-    from ...spec.case import analytic_sharded_point
+    from ...point.case import analytic_sharded_point
 
     comm = fsdp_case_comm(case)
     rows = [

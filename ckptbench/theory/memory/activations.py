@@ -1,6 +1,6 @@
 """What one decoder layer and the model head keep for backward, term by term (bytes).
 
-Pure functions over a :class:`~ckptbench.spec.case.ModelSpec` (no torch import), so the CLI, the suite
+Pure functions over a :class:`~ckptbench.point.case.ModelSpec` (no torch import), so the CLI, the suite
 validator and the report can ask "what should this point cost?" without building anything.
 
 Every activation term below was derived from the operators that save tensors for backward in the
@@ -25,7 +25,7 @@ V vocab, B bytes per element of the model dtype.
 
 from __future__ import annotations
 
-from ...spec.case import ModelSpec
+from ...point.case import ModelSpec
 from .units import FP32, HALF, INT64
 
 

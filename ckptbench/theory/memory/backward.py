@@ -39,7 +39,7 @@ i intermediate, kv = kv_heads·head_dim, a heads, s seq, b batch.
 
 from __future__ import annotations
 
-from ...spec.case import ModelSpec
+from ...point.case import ModelSpec
 
 Form = dict[str, float]
 

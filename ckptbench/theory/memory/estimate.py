@@ -1,6 +1,6 @@
 """The analytic memory estimate of one training step, walked phase by phase to find its peak.
 
-Pure functions over a :class:`~ckptbench.spec.case.ModelSpec` (no torch import), so the CLI, the suite
+Pure functions over a :class:`~ckptbench.point.case.ModelSpec` (no torch import), so the CLI, the suite
 validator and the report can ask "what should this point cost?" without building anything.  The parts
 come from :mod:`.params` (parameters, gradients, optimizer state) and :mod:`.activations` (what each
 layer and the head keep for backward).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ...spec.case import Case, ModelSpec
-from ...spec.strategy import checkpointed_layers
+from ...point.case import Case, ModelSpec
+from ...point.strategy import checkpointed_layers
 from .activations import (
     head_activation_terms,
     layer_activation_terms,
@@ -112,7 +112,7 @@ def estimate(spec: ModelSpec, batch: int, seq: int, every_n_layers: int = 0, off
       foreach kernels (``adamw-foreach``; ``adamw`` on CUDA), none for SGD with momentum.
     With grad_accum > 1 the later micro-steps start with a full set of grads, so every phase carries it.
 
-    ``layers`` (a layer set, :class:`~ckptbench.spec.strategy.Recompute`) names the checkpointed layers instead
+    ``layers`` (a layer set, :class:`~ckptbench.point.strategy.Recompute`) names the checkpointed layers instead
     of ``every_n_layers``: the walk asks only which layers are checkpointed, never how they were chosen.
 
     ``streamed`` (``+offload-streamed``, :mod:`ckptbench.train.streamed`) on CUDA: the forward holds what

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ...point.case import ModelSpec
+from ...point.setup import Setup
+from ...point.strategy import Recompute, checkpointed_layers
 from ...sources.configs import error_line
-from ...spec.case import ModelSpec
-from ...spec.setup import Setup
-from ...spec.strategy import Recompute, checkpointed_layers
 from .stacks import layer_kinds, pattern
 
 FIT_LAYERS = (3, 5)

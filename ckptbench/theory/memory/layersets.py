@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...spec.strategy import checkpointed_layers
+from ...point.strategy import checkpointed_layers
 
 
 def every_n_counts(layers: int) -> set[int]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ...spec.setup import Setup
+from ...point.setup import Setup
 from ...train.optimizers import build_optimizer
 
 

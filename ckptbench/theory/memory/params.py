@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...spec.case import ANALYTIC_OPTIMIZERS, ModelSpec
+from ...point.case import ANALYTIC_OPTIMIZERS, ModelSpec
 from .units import FP32
 
 

@@ -28,9 +28,9 @@ import torch
 from ...measure.flops import FlopCounter
 from ...measure.saved import LayerProbe
 from ...measure.storage import LiveStorageTracker, StorageSerials, storage_key, track_training_state
-from ...spec.case import ModelSpec
-from ...spec.setup import Setup
-from ...spec.strategy import Recompute
+from ...point.case import ModelSpec
+from ...point.setup import Setup
+from ...point.strategy import Recompute
 from ...train.adapters import with_adapters
 from ...train.checkpointing import decoder_layers, enable_checkpointing
 from ...train.models import build_model

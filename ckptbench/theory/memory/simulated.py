@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from ...base.errors import UsageError
 from ...base.regularfile import open_regular
-from ...spec.case import Case, Suite
-from ...spec.strategy import Recompute
+from ...point.case import Case, Suite
+from ...point.strategy import Recompute
 
 SIMULATED = "simulated.jsonl"
 

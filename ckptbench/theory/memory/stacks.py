@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 
+from ...point.case import ModelSpec
 from ...sources.configs import LAYER_INDEX_KEYS, PER_LAYER_KEYS
-from ...spec.case import ModelSpec
 
 
 def _lists(spec: ModelSpec) -> dict[str, list]:

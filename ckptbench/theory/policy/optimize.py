@@ -36,8 +36,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from ...spec.case import Case
-from ...spec.strategy import Recompute
+from ...point.case import Case
+from ...point.strategy import Recompute
 from ..memory.extrapolate import NotAffine
 
 LAYER_MOMENT = re.compile(r"-layer-(\d+)$")
@@ -345,7 +345,7 @@ def optimize(template: Case, a, predict, timer, modes: tuple[str, ...] = ("",), 
 def _prefer_every_n(found: tuple, L: int, table: _Table, costs: list[float], fits) -> tuple:
     """`found` (cost, peak, layers), or an ``every_n_layers`` pattern as cheap and as low: the same optimum,
     which transformers' TrainingArguments can say."""
-    from ...spec.strategy import checkpointed_layers
+    from ...point.strategy import checkpointed_layers
 
     for n in range(1, L + 1):
         pattern = tuple(checkpointed_layers(L, n))

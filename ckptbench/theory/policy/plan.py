@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ...spec.cards import CARDS
-from ...spec.case import Case
-from ...spec.setup import Setup
-from ...spec.strategy import Recompute, checkpointing_name, offload_suffix
-from ...spec.training import TrainSpec
+from ...point.cards import CARDS
+from ...point.case import Case
+from ...point.setup import Setup
+from ...point.strategy import Recompute, checkpointing_name, offload_suffix
+from ...point.training import TrainSpec
 from ..comm.fsdp import fsdp_comm_estimate, fsdp_memory_estimate
 from ..comm.network import Link
 from ..comm.overlap import split_by_flops
@@ -143,7 +143,7 @@ class ShardedAnalytic(Analytic):
     """One FSDP2 rank's peak (:func:`..comm.fsdp.fsdp_memory_estimate`: the rank's shards, the gathered root and
     layers in flight, FSDP2's all-gather and reduce-scatter buffers, the activations of its micro-batch;
     equal to what was measured on CPU, :data:`..comm.fsdp.PEAK_TOLERANCE`) for the families and precisions the
-    analytic estimate describes (:func:`~ckptbench.spec.case.analytic_sharded_point`: pure, or bf16-mixed as
+    analytic estimate describes (:func:`~ckptbench.point.case.analytic_sharded_point`: pure, or bf16-mixed as
     FSDP2's MixedPrecisionPolicy runs it, bf16 compute over fp32 shards)."""
 
     source = "analytic estimate, one FSDP2 rank (theory/comm/fsdp.py)"

@@ -3,7 +3,7 @@
 Beside every distinct ``every_n_layers`` pattern with and without transformers' offload, a plan ranks:
 
 - **SAC policies** (``plan --sac``): every pattern that checkpoints, with and without offload, each
-  checkpointed layer under the policy (torch's selective checkpointing, :data:`~ckptbench.spec.strategy.SAC_POLICIES`).
+  checkpointed layer under the policy (torch's selective checkpointing, :data:`~ckptbench.point.strategy.SAC_POLICIES`).
   No analytic estimate says what a policy keeps, so their peaks and FLOPs come from the few-layer FakeTensor
   simulation under that policy, extrapolated to the full depth (:mod:`..memory.extrapolate`: exact to the byte on CPU,
   and checked on a 4-layer step); :class:`PerStrategy` sends each Case to its policy's fit;
@@ -19,7 +19,7 @@ what torch.compile's partitioner chooses when it compiles, which nothing predict
 
 from __future__ import annotations
 
-from ...spec.strategy import Recompute
+from ...point.strategy import Recompute
 from ..memory.extrapolate import patterns
 
 NOT_RANKED = {

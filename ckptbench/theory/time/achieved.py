@@ -24,7 +24,7 @@ import functools
 import math
 from dataclasses import asdict, dataclass
 
-from ...spec.case import Case
+from ...point.case import Case
 from ..comm.overlap import LayerCompute
 from .roofline import Rates, datasheet_rates
 

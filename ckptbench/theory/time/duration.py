@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ...measure.interval import LEVEL, ranks
 from ...measure.stopping import StopRule
-from ...spec.case import Case, ModelSpec
+from ...point.case import Case, ModelSpec
 from ..memory.params import param_count
 from .flops import hardware_flops_per_token
 

@@ -1,6 +1,6 @@
 """FLOPs of a training step, model and hardware FLOPs utilisation, and the ideal cost of recompute.
 
-Pure arithmetic on a :class:`~ckptbench.spec.case.ModelSpec` (no torch), so the CPU tests pin every formula
+Pure arithmetic on a :class:`~ckptbench.point.case.ModelSpec` (no torch), so the CPU tests pin every formula
 and the report can recompute any figure from a record.
 
 Convention (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...spec.case import Case, ModelSpec
-from ...spec.strategy import SAC_POLICIES, SDPA_OPS
+from ...point.case import Case, ModelSpec
+from ...point.strategy import SAC_POLICIES, SDPA_OPS
 
 CONVENTION = ("PaLM app. B: 6N + 12*L*H*Q*T per token; N = matmul weights incl. LM head, no embedding "
               "lookup/norms/biases; attention not halved for the causal mask")
@@ -101,7 +101,7 @@ def model_flops_per_token(spec: ModelSpec, seq: int, causal_halving: bool = Fals
 def recompute_flops_per_token(spec: ModelSpec, seq: int, checkpointed_layers: int,
                               causal_halving: bool = False, sac: str = "") -> float:
     """The recomputed forward of each checkpointed layer, stopped before its last matmul (the LM head is
-    never recomputed).  Under a SAC policy (:data:`~ckptbench.spec.strategy.SAC_POLICIES`) an operator whose
+    never recomputed).  Under a SAC policy (:data:`~ckptbench.point.strategy.SAC_POLICIES`) an operator whose
     output the policy keeps is not run again: the projections' and MLP's matmuls when it keeps ``aten.mm``
     and ``aten.addmm``, the attention products when it keeps the kernel that computes them (sdpa's fused
     kernel; eager's ``aten.bmm``).  Every other operator the counter counts is recomputed as without SAC."""

@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ...measure.optrace import OpRecorder
-from ...spec.case import Case
+from ...point.case import Case
 from ...train.adapters import with_adapters
 from ...train.checkpointing import decoder_layers, enable_checkpointing
 from ...train.models import build_model

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...spec.case import DTYPES, Case
+from ...point.case import DTYPES, Case
 from ..comm.fsdp import param_dtype, unit_shapes, unit_shard_bytes
 from ..comm.network import Link, allgather_s, allreduce_s, link_named, reduce_scatter_s
 from ..comm.overlap import LayerCompute, ddp_buckets, ddp_exposed, fsdp_exposed, split_by_flops

@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from ...spec.case import Case
-from ...spec.strategy import Recompute
+from ...point.case import Case
+from ...point.strategy import Recompute
 from .roofline import Rates, datasheet_rates, entry_seconds
 
 DIRECT_LAYERS = 2

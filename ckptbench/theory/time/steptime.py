@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 
 from ...base.finite import finite_number
-from ...spec.case import Case
+from ...point.case import Case
 from .roofline import HOST_LINK_BYTES_PER_S
 
 

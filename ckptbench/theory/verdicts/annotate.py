@@ -5,7 +5,7 @@ The one place a record meets the theory: :func:`annotate_record` is the sweep's 
 
 from __future__ import annotations
 
-from ...spec.case import Case
+from ...point.case import Case
 from ..memory.estimate import estimate_case
 from ..memory.workspaces import capability_major
 from .checks import (

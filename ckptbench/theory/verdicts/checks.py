@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ...point.case import DTYPES, Case
 from ...sources.configs import DIM_ALIASES
-from ...spec.case import DTYPES, Case
 from ..comm.comm import comm_estimate
 from ..memory.estimate import Estimate, estimate_case
 from ..memory.params import param_count

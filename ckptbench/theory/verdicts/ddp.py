@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...spec.case import Case
+from ...point.case import Case
 from .checks import Check
 from .meters import agreement, meter_checks
 

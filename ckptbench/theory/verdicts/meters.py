@@ -35,7 +35,7 @@ reserved ≤ 3 GiB``.  The difference is stated as ``cuda_context_bytes``.
 
 from __future__ import annotations
 
-from ...spec.case import Case
+from ...point.case import Case
 from .checks import Check
 
 RNG_STATE_BOUND = 5_120  # per checkpointed layer: torch.get_rng_state() is 5,056 bytes on CPU

@@ -12,7 +12,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ckptbench.spec.training import Timing, TrainSpec
+from ckptbench.point.training import Timing, TrainSpec
 from ckptbench.track import track
 
 
