@@ -82,6 +82,22 @@ every_n_layers = [0, 1]
 
 
 @pytest.fixture
+def fresh_accelerate():
+    """Accelerate keeps its state per process: a test using it starts from none, as a script or the
+    sweep's worker does, and leaves none (nor a changed torch thread count) to the next."""
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    threads = torch.get_num_threads()
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def write_suite(tmp_path):
     """Write a suite file (TOML text) into tmp_path and return its path."""
 

@@ -18,20 +18,8 @@ from ckptbench.theory.memory.simulate import simulate
 from ckptbench.theory.verdicts.annotate import annotate_record
 from tests.conftest import covering
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate():
-    """Accelerate keeps one state per process: each point here builds its Accelerator from none, as the
-    sweep's worker process does (in whatever order the tests run)."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+# each point builds its Accelerator from no state, as the sweep's worker process does (in whatever order)
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_accelerate")]
 
 QUANTITIES = ("params_bytes", "optimizer_bytes", "mem_after_forward_bytes", "activations_after_forward_bytes",
               "peak_bytes", "peak_phase", "checkpointed_input_bytes")

@@ -21,7 +21,7 @@ from ckptbench.run.launch import flatten_measurement, run_distributed_cases
 from ckptbench.run.worker import measure
 from ckptbench.store.records import load_records
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_accelerate")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MEMORY = ("peak_bytes", "mem_after_forward_bytes", "peak_breakdown", "peak_phase", "params_bytes",
@@ -33,20 +33,6 @@ def example(name: str, directory: pathlib.Path = ROOT / "examples"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate():
-    """Accelerate keeps its state per process: each run here starts from none, as a script does."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    threads = torch.get_num_threads()
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    torch.set_num_threads(threads)
 
 
 def the_sweeps(record: dict) -> dict:

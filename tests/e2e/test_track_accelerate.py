@@ -17,9 +17,9 @@ import torch
 from ckptbench.point.case import Case
 from ckptbench.run.worker import measure
 from ckptbench.store.records import load_records
-from tests.e2e.test_track import example, fresh_accelerate  # noqa: F401 (the fixture, used by every test)
+from tests.e2e.test_track import example
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("fresh_accelerate")]
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "track_scripts"
 SCRIPT = SCRIPTS / "accelerate_by_feature.py"
