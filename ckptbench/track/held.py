@@ -55,11 +55,8 @@ def with_held_output(sim: dict, held: int, grad_accum: int) -> dict:
 
 
 def judge_with_held_output(case, measurement: dict, held: int) -> None:
-    """The measurement is judged against the simulated step with `held` bytes of output (the simulation is
-    made here for a point the analytic estimate describes: that estimate has no moment to add them to)."""
-    from ..run.worker import simulated_estimate
-
-    sim = measurement.get("simulation") or simulated_estimate(case).get("simulation")
+    """The measurement is judged against its simulated step with `held` bytes of output."""
+    sim = measurement.get("simulation")
     if sim:
         measurement["simulation"] = with_held_output(sim, held, case.grad_accum)
     measurement["loop_held_output_bytes"] = held

@@ -33,8 +33,9 @@ def judge_run(case: Case, measurement: dict, model, held: int, padded: int | Non
     ddp = case.world_size > 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel)
     if ddp:
         measurement["ddp_bucket_bytes"] = bucket_bytes(model)
-    if (ddp and not alone.analytic and not measurement.get("simulation")) or (padded and alone.analytic):
-        measurement.pop("simulation_error", None)  # multi-rank: not simulated; analytic: has no mask
+    if (ddp and not alone.analytic and not measurement.get("simulation")) or ((padded or held) and alone.analytic):
+        # multi-rank: not simulated; analytic: no mask, no moment to add a held output to
+        measurement.pop("simulation_error", None)
         measurement.update(simulated_estimate(alone, padded))
     if padded is not None:
         measurement["batch_padded_tokens"] = padded
