@@ -1,4 +1,4 @@
-"""Command line: ckptbench sweep | status | env | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary.
+"""Command line: ckptbench sweep | status | env | models | plan | report | compare | estimate | calibrate | simulate-suite | gpu-summary | history | asv.
 
 Each command lives in its own module here (:mod:`.sweep`, :mod:`.report`, :mod:`.estimate`, :mod:`.gpu`)
 and registers its parser; this module only dispatches.
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ckptbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import environment, estimate, gpu, models, optimize, report, status, sweep
+    from . import environment, estimate, gpu, history, models, optimize, report, status, sweep
 
     sweep.add_parser(sub)
     environment.add_parser(sub)
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_parser(sub)
     gpu.add_parsers(sub)
     status.add_parser(sub)
+    history.add_parsers(sub)
     return parser
 
 

@@ -16,6 +16,12 @@ objects themselves (:mod:`.inspect`), the steps are scheduled and measured by th
 
 from __future__ import annotations
 
+from ..point.training import Timing, TrainSpec
+
+# a measured step's schedule when none is given (the fixture's, the history benchmarks'): enough timed steps
+# for compare's test, few enough for a test suite
+FIXTURE_TRAIN = TrainSpec(warmup_steps=1, steps=5, timing=Timing(max_steps=10, max_time_s=10.0))
+
 
 def track(model, optimizer, out: str | None = "results/track", *, name: str = "", loop: str | None = None,
           train=None, echo: bool = True, accelerator=None, every: int | None = None, at=()):
@@ -39,3 +45,18 @@ def TrainerTracker(out: str = "results/track", name: str = "", train=None, echo:
     from .trainer import TrainerTracker as Callback
 
     return Callback(out=out, name=name, train=train, echo=echo, every=every, at=at)
+
+
+def measure_step(model, optimizer, batch, step, *, out: str, name: str = "", train=None,
+                 max_steps: int = 100) -> dict | None:
+    """Run `step` (one optimizer step on `batch`, no arguments) as a tracked run until its record is written
+    (at most `max_steps` calls): the record, or None when the run ended first.  What the ``ckptbench_step``
+    fixture and the history benchmarks measure; `train` defaults to the fixture's steps (one warm-up, the
+    memory step, at most 10 timed steps or 10 s)."""
+    with track(model, optimizer, out=out, name=name, train=train or FIXTURE_TRAIN, echo=False) as t:
+        for _ in range(max_steps):
+            with t.step(batch):
+                step()
+            if t.record is not None:
+                break
+    return t.record

@@ -28,11 +28,9 @@ import re
 
 import pytest
 
-from ..point.training import Timing, TrainSpec
+from ..point.training import TrainSpec
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-# the fixture's steps: enough timed steps for compare's test, few enough for a test suite
-FIXTURE_TRAIN = TrainSpec(warmup_steps=1, steps=5, timing=Timing(max_steps=10, max_time_s=10.0))
 
 
 def parse_bytes(value) -> int:
@@ -56,16 +54,10 @@ class StepGate:
     def __call__(self, model, optimizer, batch, step, *, budget=None, baseline: str | None = None,
                  memory_tolerance: float = 0.02, time_tolerance: float = 0.10,
                  train: TrainSpec | None = None, max_steps: int = 100, allow_new: bool = False) -> dict:
-        from . import track
+        from . import measure_step
 
-        with track(model, optimizer, out=self.out, name=self.name, train=train or FIXTURE_TRAIN,
-                   echo=False) as t:
-            for _ in range(max_steps):
-                with t.step(batch):
-                    step()
-                if t.record is not None:
-                    break
-        record = self.record = t.record
+        record = self.record = measure_step(model, optimizer, batch, step, out=self.out, name=self.name,
+                                            train=train, max_steps=max_steps)
         if record is None or record["status"] != "ok":
             pytest.fail(f"ckptbench: the step was not measured: {record and record.get('reason')}")
         peak = record["measurement"]["peak_bytes"]

@@ -32,6 +32,7 @@ RANKS = {
     "run": 9,  # processes: sweep, fork server, worker, torchrun
     "track": 10,  # a user's own Trainer / Accelerate / plain loop measured as a sweep point; pytest plugin
     "report": 11,  # HTML, tables, GPU summary
+    "history": 11,  # asv benchmarks per commit, and what changed between commits (beside report, not on it)
     "cli": 12, "__main__": 13,
 }
 
