@@ -243,14 +243,22 @@ def suite_benchmark(path: str, repeats: int | None = None) -> type:
     return SuiteTraining
 
 
-def step_benchmark(**steps: Callable[[], tuple]) -> type:
+def step_benchmark(repeats: int = 3, **steps: Callable[[], tuple]) -> type:
     """An asv benchmark class over your own training steps: each keyword names a function returning
     ``(model, optimizer, batch, step)`` as the ``ckptbench_step`` fixture takes them; each commit measures
-    each step as a tracked run (warm-up, the memory step, timed steps) and keeps its record."""
+    each step as a tracked run (warm-up, the memory step, timed steps) in `repeats` processes of its own
+    (:mod:`.step_repeat`: the history's time test is then across processes) and keeps the records.  With
+    ``repeats=1`` the step runs in asv's process and its function may be anything callable."""
+    from .step_repeat import reference
+
     if not steps:
         raise ValueError("step_benchmark needs at least one step: name=function returning "
                          "(model, optimizer, batch, step)")
-
+    if repeats < 1:
+        raise ValueError(f"step_benchmark: repeats is {repeats!r}, not a count of processes (1 or more)")
+    if repeats > 1:
+        for build in steps.values():
+            reference(build)  # refused here, when asv imports the module, not once per commit
     conf = conf_dir(sys._getframe(1).f_globals.get("__file__"))
 
     class StepTraining(_Track):
@@ -258,21 +266,33 @@ def step_benchmark(**steps: Callable[[], tuple]) -> type:
         version = "1"  # the steps' own code changes with the commits: that is what is measured
 
         def setup_cache(self):
+            from ..store.records import RecordStore, load_records
             from ..track import measure_step
+            from .step_repeat import measure_in_processes
+
+            def one(name: str, build, out: str) -> str:
+                """Measure one step into `out`; what went wrong, or ''."""
+                if repeats == 1:
+                    return "" if measure_step(*build(), out=out, name=name) is not None else "the step was not measured"
+                records, problem = measure_in_processes(name, build, out, repeats)
+                store = RecordStore(out)
+                for record in records:
+                    store.append(record)
+                return problem if not records else ""
 
             def measure(out: str) -> dict:
                 _readings(out, "start")
-                found = {}
+                failed = {}
                 for name, build in steps.items():
                     try:  # this commit's code may not build or run its step: that point failed, the rest go on
-                        record = measure_step(*build(), out=out, name=name)
+                        failed[name] = one(name, build, out)
                     except Exception as exc:
-                        found[name] = {"status": "crash", "reason": f"{type(exc).__name__}: {exc}"}
-                        continue
-                    found[name] = ({"status": "crash", "reason": "the step was not measured"} if record is None
-                                   else figures([record])[record["case_id"]])
+                        failed[name] = f"{type(exc).__name__}: {exc}"
                 _readings(out, "end")
-                return found
+                by_name = {r.get("suite", "").removeprefix("track:"): r for r in load_records(out).records}
+                return {name: ({"status": "crash", "reason": why} if why or name not in by_name
+                               else figures([by_name[name]])[by_name[name]["case_id"]])
+                        for name, why in failed.items()}
 
             result = {}
             kept(lambda out: result.update(measure(out)), run_dir(conf))

@@ -2,7 +2,11 @@
 
 The commits: a training step (base); a README edit (unchanged); the step trains on its batch twice over
 (activation memory doubles, the Case the tracker reads stays the same); a sleep in the step (slower, the
-same bytes).  asv runs each as CI would (``asv run --python=same --set-commit-hash HEAD``).
+same bytes).  asv runs each as CI would (``asv run --python=same --set-commit-hash HEAD``); each commit's
+step is measured in three processes (step_benchmark's default).
+
+Time is judged at a 25 % threshold here, not the default 10 %: this test shares 2 cores with the rest of
+the suite, and the slowdown it plants is 15-fold.  Memory is judged at the default, exactly.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def history_repo(tmp_path_factory):
 
 def test_history_finds_the_memory_and_the_time_change_and_nothing_else(history_repo):
     repo, hashes = history_repo
-    history = build_history(str(repo / "results"), time=0.5)
+    history = build_history(str(repo / "results"), time=0.25)
     assert history.problems == [] and history.failed == []
     (series,) = history.series
     assert [c.commit for c in series.commits] == hashes  # in asv's commit order
@@ -121,7 +125,7 @@ def test_history_finds_the_memory_and_the_time_change_and_nothing_else(history_r
 def test_history_command_exits_1_on_the_newest_commits_regression_and_writes_the_page(history_repo, tmp_path):
     repo, hashes = history_repo
     page = tmp_path / "history.html"
-    done = subprocess.run([sys.executable, "-m", "ckptbench", "history", str(repo / "results"), "--fail-time", "50%",
+    done = subprocess.run([sys.executable, "-m", "ckptbench", "history", str(repo / "results"), "--fail-time", "25%",
                            "--html", str(page)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
     assert f"{hashes[2][:12]} regression" in done.stdout and f"{hashes[3][:12]} regression" in done.stdout

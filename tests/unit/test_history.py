@@ -207,3 +207,33 @@ def test_asv_init_writes_a_conf_and_a_benchmark_and_keeps_what_is_there(tmp_path
     assert again.returncode == 0 and again.stdout == "" and again.stderr.count("kept as it is") == 2
     bad = subprocess.run([*run[:-1], str(tmp_path / "nope.toml")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nope.toml" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_step_benchmark_refuses_what_another_process_cannot_import():
+    from ckptbench.history.benchmark import step_benchmark
+
+    with pytest.raises(ValueError, match="top of an importable module"):
+        step_benchmark(tiny=lambda: None)
+    with pytest.raises(ValueError, match="not a count of processes"):
+        step_benchmark(repeats=0, tiny=reference_records)
+    with pytest.raises(ValueError, match="at least one step"):
+        step_benchmark()
+    cls = step_benchmark(repeats=1, tiny=lambda: None)  # in asv's own process: anything callable
+    assert cls.params == [["tiny"]] and cls.track_peak_bytes.unit == "bytes"
+    assert step_benchmark(tiny=reference_records).params == [["tiny"]]
+
+
+def test_the_scale_figures_are_the_committed_ones():
+    """scripts/history_scale.py's page at 1,000 commits × 50 points: its bytes (deterministic: seeded draws)
+    and the 9 memory commits it must flag are what results/reference-history-scale/scale.json says; the
+    seconds there are the script's clock, not asserted."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import history_scale
+
+    with open(os.path.join(ROOT, "results", "reference-history-scale", "scale.json")) as fh:
+        figures = json.load(fh)
+    page, history = history_scale.page_of(figures["commits"], figures["points"])
+    assert len(page.encode()) == figures["page_bytes"] < 20 * 10**6
+    flagged = [c for c in history.series[0].commits if any(ch.quantity == "peak_bytes" for ch in c.changes)]
+    assert len(flagged) == figures["memory_commits_flagged"] == 9
+    assert all(ch.new - ch.old == 1024 for c in flagged for ch in c.changes if ch.quantity == "peak_bytes")
