@@ -162,7 +162,7 @@ def _figure(cache: dict, point: str, key: str):
     return entry[key]
 
 
-def _readings(out: str, at: str) -> None:
+def kernel_readings(out: str, at: str) -> None:
     """The calibration kernel timed in this process, where the steps run, as a sweep times it at its start
     and end (``calibration.jsonl``): what lets the history divide out a change of the machine's speed."""
     import socket
@@ -281,14 +281,14 @@ def step_benchmark(repeats: int = 3, **steps: Callable[[], tuple]) -> type:
                 return problem if not records else ""
 
             def measure(out: str) -> dict:
-                _readings(out, "start")
+                kernel_readings(out, "start")
                 failed = {}
                 for name, build in steps.items():
                     try:  # this commit's code may not build or run its step: that point failed, the rest go on
                         failed[name] = one(name, build, out)
                     except Exception as exc:
                         failed[name] = f"{type(exc).__name__}: {exc}"
-                _readings(out, "end")
+                kernel_readings(out, "end")
                 by_name = {r.get("suite", "").removeprefix("track:"): r for r in load_records(out).records}
                 return {name: ({"status": "crash", "reason": why} if why or name not in by_name
                                else figures([by_name[name]])[by_name[name]["case_id"]])

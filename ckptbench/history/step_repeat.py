@@ -5,8 +5,7 @@ and measures it into ``OUT`` as the ``ckptbench_step`` fixture does.
 A process's memory layout, its core and what ran beside it move all its steps alike, so step times of one
 process agree far better than those of two: measured in three processes, the record pools one median per
 process (``repeat_medians_s``) and the history's test compares across processes, as a sweep's ``--repeat``
-does.  On a 6 ms step, two single-process runs of unchanged code differed by 11-12 % (p < 0.001 over their
-steps): one process per commit would flag that as a change.
+does (docs/history.md has what unchanged code measured each way gave).
 """
 
 from __future__ import annotations

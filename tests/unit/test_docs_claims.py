@@ -181,3 +181,36 @@ def test_the_trackers_overhead_table_is_its_committed_measurement():
         assert round(fixed["coverage"], 3) == 0.969
         highs.append(fixed["interval"][1])
     assert f"at most {max(highs):.2f} s here, which is 1 % of a run of\n{max(highs) * 100:.0f} s" in text
+
+
+def _history_tables():
+    """docs/history.md's two tables as rendered from the committed measurements."""
+    import json
+
+    unchanged = json.loads((ROOT / "results" / "reference-history-unchanged" / "unchanged.json").read_text())
+    scale = json.loads((ROOT / "results" / "reference-history-scale" / "scale.json").read_text())
+    rows = ["| processes per measurement | pairs | step-time changes | significant (p < 0.05) | flagged | "
+            "peak bytes differing |", "|---|---|---|---|---|---|"]
+    for key, n in (("1_process", 1), ("3_process", 3)):
+        pairs = unchanged[key]["pairs"]
+        changes = [p["change"] for p in pairs]
+        significant = [p for p in pairs if p["p_value"] is not None and p["p_value"] < 0.05]
+        named = ", ".join(f"{p['change']:+.1%} (p = {p['p_value']:.3f})" for p in significant) or "none"
+        rows.append(f"| {n} | {len(pairs)} | {min(changes):+.1%} to {max(changes):+.1%} | {named} | "
+                    f"{unchanged[key]['flagged']} | {sum(p['peak_bytes_difference'] != 0 for p in pairs)} |")
+    scale_rows = ["| commits × points | read and judged | drawn | page | memory commits flagged |", "|---|---|---|---|---|",
+                  f"| {scale['commits']:,} × {scale['points']} | {scale['read_and_judge_s']:.1f} s | "
+                  f"{scale['render_s']:.2f} s | {scale['page_bytes']:,} B | {scale['memory_commits_flagged']} "
+                  "(of 9 planted) |"]
+    return "\n".join(rows), "\n".join(scale_rows), unchanged, scale
+
+
+def test_the_history_pages_tables_are_the_committed_measurements():
+    unchanged_rows, scale_rows, unchanged, scale = _history_tables()
+    text = (ROOT / "docs" / "history.md").read_text()
+    assert unchanged_rows in text and scale_rows in text
+    one = [p for p in unchanged["1_process"]["pairs"] if p["p_value"] < 0.05]
+    assert [f"{p['change']:.1%}" for p in one] == ["7.5%"] and "moved by 7.5 %" in text and "(p = 0.024)" in text
+    three = [p["change"] for p in unchanged["3_process"]["pairs"]]
+    assert f"between {min(three) * 100:.1f} % and {max(three) * 100:+.1f} %" in text
+    assert scale["total_s"] < 20 and scale["page_bytes"] < 20 * 10**6
