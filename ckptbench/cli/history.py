@@ -2,8 +2,9 @@
 
 ``history`` prints, per machine and environment, each commit whose training memory or time changed against
 the commit measured before it, with the evidence (:mod:`ckptbench.history.series`), and writes the page
-(``--html``).  Exit 1 when the newest commit of a series regressed (what a CI job on it gates on), 0
-otherwise, 2 on a usage error.  ``asv init`` writes an ``asv.conf.json`` (when there is none) and a benchmark
+(``--html``).  Exit 1 when the newest commit of a series regressed, or asv recorded a ckptbench benchmark
+failed on its machine's newest commit (what a CI job on that commit gates on), 0 otherwise, 2 on a usage
+error or when there is no record to judge.  ``asv init`` writes an ``asv.conf.json`` (when there is none) and a benchmark
 module measuring a suite, ready for ``asv run``.
 """
 
@@ -92,6 +93,8 @@ def cmd_history(args) -> int:
     if not os.path.isdir(args.results):
         raise UsageError(f"{args.results}: not a directory (asv's results_dir)")
     history = build_history(args.results, args.fail_memory, args.fail_time)
+    if not history.series:  # nothing was judged: neither a pass nor a fail is true
+        raise UsageError(history.problems[-1] if history.problems else f"{args.results}: no ckptbench records")
     if args.json:
         print(json.dumps({"series": [asdict(s) for s in history.series], "problems": history.problems,
                           "failed": history.failed}, indent=1))
@@ -103,7 +106,9 @@ def cmd_history(args) -> int:
                 fh.write(render(history))
         except OSError as exc:
             raise UsageError(f"--html {args.html}: cannot write ({exc.strerror or exc})") from None
-    return 1 if history.latest_regressed else 0
+    for line in history.newest_failed:
+        print(f"failed on the newest commit: {line}", file=sys.stderr)
+    return 1 if history.latest_regressed or history.newest_failed else 0
 
 
 def add_parsers(sub) -> None:

@@ -70,6 +70,7 @@ class History:
     series: list[Series] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # asv's runs with failed ckptbench benchmarks, one line each
+    newest_failed: list[str] = field(default_factory=list)  # those of them on each asv machine's newest commit
 
     @property
     def latest_regressed(self) -> list[Series]:
@@ -199,10 +200,17 @@ def build_history(results_dir: str, memory: float | None = None, time: float | N
     thresholds (relative) instead of the defaults (memory: any growth on CPU, 2 % on CUDA; time 10 %)."""
     asv = read_asv_results(results_dir)
     history = History(problems=list(asv.problems))
+    newest = {}
+    for run in asv.runs:
+        if run.date_ms is not None and run.date_ms >= newest.get((run.machine, run.env), (-1,))[0]:
+            newest[(run.machine, run.env)] = (run.date_ms, run.commit)
     for run in asv.runs:
         if run.failed:
             shown = ", ".join(run.failed[:3]) + (f" and {len(run.failed) - 3} more" if len(run.failed) > 3 else "")
-            history.failed.append(f"{run.machine} {run.commit[:12]} {run.env}: asv recorded no value for {shown}")
+            line = f"{run.machine} {run.commit[:12]} {run.env}: asv recorded no value for {shown}"
+            history.failed.append(line)
+            if newest.get((run.machine, run.env), (None, None))[1] == run.commit:
+                history.newest_failed.append(line)
     root = os.path.join(results_dir, RECORDS_DIR)
     if not os.path.isdir(root):
         history.problems.append(f"{root}: no ckptbench records (run asv with ckptbench's benchmarks first)")

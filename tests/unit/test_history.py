@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -237,3 +238,24 @@ def test_the_scale_figures_are_the_committed_ones():
     flagged = [c for c in history.series[0].commits if any(ch.quantity == "peak_bytes" for ch in c.changes)]
     assert len(flagged) == figures["memory_commits_flagged"] == 9
     assert all(ch.new - ch.old == 1024 for c in flagged for ch in c.changes if ch.quantity == "peak_bytes")
+
+
+def test_a_benchmark_failed_on_the_newest_commit_fails_the_job_and_an_empty_directory_is_refused(four_commits, tmp_path):
+    results, commits, base = four_commits
+    for commit in commits[2:]:  # no regression left: the last two commits equal the first
+        for path in (os.path.join(results, RECORDS_DIR, "m1", "env", commit),):
+            shutil.rmtree(path)
+    run = [sys.executable, "-m", "ckptbench", "history", results]
+    quiet = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    newest = os.path.join(results, "box", f"{commits[3][:8]}-env.json")
+    with open(newest, "w") as fh:  # asv says the newest commit's benchmark failed (its setup raised)
+        json.dump({"commit_hash": commits[3], "env_name": "env", "date": 4_000, "version": 2,
+                   "results": {"training.SuiteTraining.track_peak_bytes": [None, [["'p'"]]]}}, fh)
+    failed = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "failed on the newest commit" in failed.stderr
+    older = build_history(results)
+    assert older.newest_failed and older.failed == older.newest_failed
+    (tmp_path / "empty").mkdir()
+    empty = subprocess.run([*run[:-1], str(tmp_path / "empty")], capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "no ckptbench records" in empty.stderr and empty.stderr.count("\n") == 1
