@@ -259,3 +259,15 @@ def test_a_benchmark_failed_on_the_newest_commit_fails_the_job_and_an_empty_dire
     (tmp_path / "empty").mkdir()
     empty = subprocess.run([*run[:-1], str(tmp_path / "empty")], capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and "no ckptbench records" in empty.stderr and empty.stderr.count("\n") == 1
+
+
+def test_another_suites_records_at_a_commit_are_named_not_judged(tmp_path):
+    records = reference_records(4)
+    results = str(tmp_path)
+    write_commit(results, "m", "e", "1" * 40, records[:2], 1)
+    write_commit(results, "m", "e", "2" * 40, changed(records[2:], peak_delta=10**6), 2)
+    first, second = build_history(results).series[0].commits
+    assert second.changes == []
+    assert "no point in common with the commit before" in " ".join(second.notes)
+    assert sum(n.startswith("new point") for n in second.notes) == 2 and sum(
+        n.startswith("point gone") for n in second.notes) == 2
