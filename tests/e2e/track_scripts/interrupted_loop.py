@@ -1,6 +1,7 @@
 """A plain tracked loop, slow enough to be signalled while it is measured: prints MEASURING once the
 memory step is behind it; with --own-handler it installs its own SIGTERM handler first (stop at the next
-step, as a training script that checkpoints on preemption does)."""
+step, as a training script that checkpoints on preemption does); with --untracked the same loop runs
+without the tracker (how the run ends on its own, which the tracked run must match)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--own-handler", action="store_true")
+    p.add_argument("--untracked", action="store_true")
     args = p.parse_args()
     stop = []
     if args.own_handler:
@@ -32,6 +34,15 @@ def main() -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     train = TrainSpec(warmup_steps=1, steps=3, timing=Timing(max_steps=500, max_time_s=600.0, precision=1e-9))
+    if args.untracked:
+        for k in range(1000):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            time.sleep(0.02)
+            if k == 4:
+                print("MEASURING", flush=True)
+        return 0
     with track(model, optimizer, out=args.out, train=train) as t:
         for k in range(1000):
             if stop:
