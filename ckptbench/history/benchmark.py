@@ -162,28 +162,22 @@ def _figure(cache: dict, point: str, key: str):
     return entry[key]
 
 
-def kernel_readings(out: str, at: str) -> None:
+def kernel_readings(out: str, at: str) -> list[str]:
     """The calibration kernel timed in this process, where the steps run, as a sweep times it at its start
-    and end (``calibration.jsonl``): what lets the history divide out a change of the machine's speed."""
-    import socket
-    import time
-
+    and end (``calibration.jsonl``): what lets the history divide out a change of the machine's speed.  What
+    went wrong, one line each (the history then judges raw changes)."""
     import torch
 
     from ..measure.speed import time_kernel
-    from ..run.speed_reading import READINGS_PER_MOMENT
-    from ..store.machine_speed import append_reading
+    from ..run.speed_reading import append_readings
 
-    threads = torch.get_num_threads()
-    for _ in range(READINGS_PER_MOMENT):
+    def read(device: str, threads: int) -> dict:
         try:
-            reading = time_kernel("cpu", threads)
-        except Exception as exc:  # a reading that cannot be taken: the history then judges raw changes
-            reading = {"error": f"{type(exc).__name__}: {exc}", "device": "cpu", "threads": threads}
-        reading.update(at=at, shard="1/1", job=None, host=socket.gethostname(),
-                       when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        append_reading(out, reading)
-    torch.set_num_threads(threads)
+            return time_kernel(device, threads)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    return append_readings(out, at, "cpu", torch.get_num_threads(), read)
 
 
 class _Track:
@@ -233,8 +227,7 @@ def suite_benchmark(path: str, repeats: int | None = None) -> type:
             from ..run.sweep import SweepOptions, run_sweep
             from ..store.records import load_records
 
-            kept(lambda out: run_sweep(load_suite(suite_path), SweepOptions(out_dir=out, repeats=repeats)),
-                 final := run_dir(conf))
+            kept(lambda out: run_sweep(suite, SweepOptions(out_dir=out, repeats=repeats)), final := run_dir(conf))
             by_id = figures(load_records(final).records)
             return {label: by_id.get(case_id) for label, case_id in labels.items()}
 

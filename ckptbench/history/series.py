@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ..measure.interval import coverage_label
 from ..store.compare import compare_runs
 from ..store.comparison import DEFAULT_MEMORY_THRESHOLD, DEFAULT_TIME_THRESHOLD, Thresholds
 from ..store.machine_speed import load_readings
@@ -93,7 +94,7 @@ def _evidence(delta, speed) -> str:
         parts.append("untested (no per-step times)")
     for side, ci, cov in (("before", delta.old_ci, delta.old_ci_coverage), ("after", delta.new_ci, delta.new_ci_coverage)):
         if ci:
-            parts.append(f"{side} [{ci[0]:.4g}, {ci[1]:.4g}]" + (f" ({cov:.0%})" if cov else ""))
+            parts.append(f"{side} [{ci[0]:.4g}, {ci[1]:.4g}] ({coverage_label(cov)} coverage)")
     if speed.state == "corrected":
         parts.append(f"the machine's speed change divided out (kernel ×{speed.ratio:.3f}, p={speed.p_value:.2g})")
     return "; ".join(parts)

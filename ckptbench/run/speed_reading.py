@@ -55,9 +55,16 @@ def take_readings(run_dir: str, at: str, cases: list[Case], forked: bool, shard:
     if not cases:
         return []
     device, threads = kernel_setting(cases)
+    return append_readings(run_dir, at, device, threads, _forked if forked else _child_interpreter, shard, job)
+
+
+def append_readings(run_dir: str, at: str, device: str, threads: int, read, shard: str = "1/1",
+                    job: str | None = None) -> list[str]:
+    """READINGS_PER_MOMENT readings by ``read(device, threads)`` (a dict, ``{"error": why}`` when it could
+    not time the kernel), each appended with when and where it was taken; what went wrong, one line each."""
     problems = []
     for _ in range(READINGS_PER_MOMENT):
-        reading = _forked(device, threads) if forked else _child_interpreter(device, threads)
+        reading = read(device, threads)
         reading.update(at=at, shard=shard, job=job, host=socket.gethostname(),
                        when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         if "error" in reading:
