@@ -1,29 +1,35 @@
 """What a GPU run says at a glance: utilisation, recompute cost against its ideal, offload cost against
-the copy bound, and the estimate checks.  Pure functions over records (plain dicts), so they run and are
+the copy bound, and the estimate checks.  Pure functions over records (typed once read: :mod:`ckptbench.store.schema`), so they run and are
 tested anywhere; ``gpu-summary`` prints them and stores them as ``summary.json`` for the report.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Mapping
 
 from ..store.records import latest_per_case
+from ..store.schema import Record, read_checks, typed
 from ..theory.memory.offload import offload_bound_s
 from ..theory.memory.simulated import beside_measurements
 from ..theory.time.flops import utilisation
 
 
-def twin_key(case: dict, *differing: str) -> str:
+def twin_key(case: Mapping, *differing: str) -> str:
     """A Case without the settings named: points that differ only in those share this key (a checkpointed
     point and its twin without checkpointing, an offloaded point and its twin without offload)."""
     return json.dumps({k: v for k, v in case.items() if k not in differing}, sort_keys=True)
 
 
-def _offload_twin_key(case: dict) -> str:
+def _offload_twin_key(case: Mapping) -> str:
     """:func:`twin_key` without offload, its kind (``recompute.offload``) too: a streamed point's twin is
     the same point without offload, as transformers' offload's is."""
     recompute = {k: v for k, v in (case.get("recompute") or {}).items() if k != "offload"}
     return twin_key({**case, "recompute": recompute}, "offload")
+
+
+def _latest(records: list[dict]) -> list[Record]:
+    return typed(latest_per_case(records))
 
 
 def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]:
@@ -34,30 +40,27 @@ def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]
     (a resumed sweep), the last record wins.
     """
     bandwidth = bandwidth or {}
-    latest = latest_per_case(records)
-    plain = {_offload_twin_key(r["case"]): r for r in latest
-             if r.get("status") == "ok" and not r["case"].get("offload")}
+    latest = _latest(records)
+    plain = {_offload_twin_key(r.case_fields): r for r in latest if r.ok and not r.case.offload}
     rows = []
     for r in latest:
-        case = r["case"]
-        if r.get("status") != "ok" or not case.get("offload"):
+        case = r.case
+        if not r.ok or not case.offload:
             continue
-        twin = plain.get(_offload_twin_key(case))
-        m = r.get("measurement") or {}
-        t_off = m.get("step_time_median_s")
-        t_base = (twin.get("measurement") or {}).get("step_time_median_s") if twin else None
+        twin = plain.get(_offload_twin_key(r.case_fields))
+        t_off = r.measurement.step_time_median_s
+        t_base = twin.measurement.step_time_median_s if twin else None
         overhead = t_off - t_base if (t_off is not None and t_base is not None) else None
-        offloaded = m.get("offloaded_bytes")
+        offloaded = r.measurement.offloaded_bytes
         bound = None if offloaded is None else offload_bound_s(
-            offloaded, bandwidth.get("d2h_bytes_per_s"), bandwidth.get("h2d_bytes_per_s"),
-            case.get("grad_accum", 1))
+            offloaded, bandwidth.get("d2h_bytes_per_s"), bandwidth.get("h2d_bytes_per_s"), case.grad_accum)
         rows.append({
-            "case_id": r["case_id"],
-            "twin_case_id": twin["case_id"] if twin else None,
-            "strategy": r.get("strategy"),
-            "offload_kind": (case.get("recompute") or {}).get("offload") or "transformers",
-            "batch_size": case.get("batch_size"),
-            "seq_len": case.get("seq_len"),
+            "case_id": r.case_id,
+            "twin_case_id": twin.case_id if twin else None,
+            "strategy": r.strategy,
+            "offload_kind": case.recompute.offload or "transformers",
+            "batch_size": case.batch_size,
+            "seq_len": case.seq_len,
             "offloaded_bytes": offloaded,
             "step_time_s": t_off,
             "twin_step_time_s": t_base,
@@ -68,40 +71,38 @@ def offload_overheads(records: list[dict], bandwidth: dict | None) -> list[dict]
     return rows
 
 
-
-
 def point_rows(records: list[dict], measured_peak: float | None = None) -> list[dict]:
     """Per successful point: step time, MFU/HFU, and the measured vs ideal recompute ratio.
 
     The measured ratio divides the point's median step time by that of the same point with no
     checkpointing (every_n_layers 0); the ideal one is pure FLOP arithmetic (see :mod:`ckptbench.theory.time.flops`).
     """
-    latest = latest_per_case(records)
-    base = {twin_key(r["case"], "every_n_layers", "offload"): r for r in latest
-            if r.get("status") == "ok" and r["case"].get("every_n_layers", 0) == 0}
+    latest = _latest(records)
+    base = {twin_key(r.case_fields, "every_n_layers", "offload"): r for r in latest
+            if r.ok and r.case.every_n_layers == 0}
     rows = []
     for r in latest:
-        if r.get("status") != "ok":
+        if not r.ok:
             continue
-        m = r.get("measurement") or {}
-        t = m.get("step_time_median_s")
-        twin = base.get(twin_key(r["case"], "every_n_layers", "offload"))
-        t_base = (twin.get("measurement") or {}).get("step_time_median_s") if twin else None
+        m = r.measurement
+        t = m.step_time_median_s
+        twin = base.get(twin_key(r.case_fields, "every_n_layers", "offload"))
+        t_base = twin.measurement.step_time_median_s if twin else None
         rows.append({
-            "case_id": r["case_id"],
-            "strategy": r.get("strategy"),
-            "batch_size": r["case"].get("batch_size"),
-            "seq_len": r["case"].get("seq_len"),
+            "case_id": r.case_id,
+            "strategy": r.strategy,
+            "batch_size": r.case.batch_size,
+            "seq_len": r.case.seq_len,
             "step_time_s": t,
-            "tokens_per_s": m.get("tokens_per_s"),
-            "peak_bytes": m.get("peak_bytes"),
-            "mfu": m.get("mfu"),
-            "hfu": m.get("hfu"),
-            "mfu_measured_peak": utilisation(m.get("model_flops_per_step") or 0, t, measured_peak),
-            "hfu_measured_peak": utilisation(m.get("hardware_flops_per_step") or 0, t, measured_peak),
+            "tokens_per_s": m.tokens_per_s,
+            "peak_bytes": m.peak_bytes,
+            "mfu": m.mfu,
+            "hfu": m.hfu,
+            "mfu_measured_peak": utilisation(m.model_flops_per_step or 0, t, measured_peak),
+            "hfu_measured_peak": utilisation(m.hardware_flops_per_step or 0, t, measured_peak),
             "recompute_ratio_measured": t / t_base if (t and t_base) else None,
-            "recompute_ratio_ideal": m.get("ideal_recompute_ratio"),
-            "energy_per_step_j": m.get("energy_per_step_j"),
+            "recompute_ratio_ideal": m.ideal_recompute_ratio,
+            "energy_per_step_j": m.energy_per_step_j,
         })
     return rows
 
@@ -109,15 +110,10 @@ def point_rows(records: list[dict], measured_peak: float | None = None) -> list[
 def check_rows(records: list[dict]) -> list[dict]:
     """The estimate checks each record carries (``record["checks"]``: quantity, measured, estimated,
     ratio, verdict), flattened with the point they belong to."""
-    rows = []
-    for r in latest_per_case(records):
-        checks = r.get("checks") or (r.get("measurement") or {}).get("checks") or []
-        for c in checks:
-            if isinstance(c, dict):
-                rows.append({"case_id": r["case_id"], "strategy": r.get("strategy"),
-                             "batch_size": r["case"].get("batch_size"), "seq_len": r["case"].get("seq_len"),
-                             **{k: c.get(k) for k in ("quantity", "measured", "estimated", "ratio", "verdict")}})
-    return rows
+    return [{"case_id": r.case_id, "strategy": r.strategy, "batch_size": r.case.batch_size, "seq_len": r.case.seq_len,
+             "quantity": c.quantity, "measured": c.measured, "estimated": c.estimated, "ratio": c.ratio,
+             "verdict": c.verdict}
+            for r in _latest(records) for c in r.checks or read_checks(r.measurement.figures.get("checks"))]
 
 
 def status_counts(records: list[dict]) -> dict[str, int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ckptbench.measure import calibrate
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.gpu_summary import offload_overheads
 from ckptbench.theory.memory.offload import offload_bound_s, transfer_time_s
 
@@ -22,8 +24,8 @@ def test_transfer_and_bound():
 
 
 def _record(case_id, every_n, offload, t, offloaded=0, status="ok", batch=4):
-    case = {"batch_size": batch, "seq_len": 1024, "every_n_layers": every_n, "offload": offload,
-            "grad_accum": 1, "device": "cuda"}
+    case = Case(model=preset("gpt2-tiny"), train=TrainSpec(), batch_size=batch, seq_len=1024, every_n_layers=every_n,
+                offload=offload, device="cuda").to_dict()
     return {"case_id": case_id, "case": case, "status": status, "strategy": "x",
             "measurement": {"step_time_median_s": t, "offloaded_bytes": offloaded}}
 

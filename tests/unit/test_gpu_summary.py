@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from ckptbench.point.case import Case, preset
+from ckptbench.point.training import TrainSpec
 from ckptbench.report.gpu_summary import check_rows, format_summary, point_rows, summarise
 
 
 def _record(cid, every_n, offload, t, batch=4, status="ok", **measurement):
-    case = {"batch_size": batch, "seq_len": 2048, "every_n_layers": every_n, "offload": offload,
-            "grad_accum": 1, "device": "cuda"}
+    case = Case(model=preset("gpt2-tiny"), train=TrainSpec(), batch_size=batch, seq_len=2048, every_n_layers=every_n,
+                offload=offload, device="cuda").to_dict()
     return {"case_id": cid, "case": case, "status": status, "strategy": f"s{every_n}{'o' if offload else ''}",
             "measurement": {"step_time_median_s": t, **measurement}}
 
@@ -57,8 +59,7 @@ def test_summary_and_text_with_missing_values():
 
 
 def test_simulated_predictions_are_joined_to_the_measured_points():
-    rec = {"case_id": "a", "status": "ok", "strategy": "full", "case": {"batch_size": 1, "seq_len": 1024},
-           "measurement": {"peak_bytes": 2 * 2**30}}
+    rec = {**_record("a", 1, False, 0.1, batch=1, peak_bytes=2 * 2**30), "strategy": "full"}
     summary = summarise([rec], {}, {"a": {"status": "ok", "simulated": {"peak_bytes": 2**31 + 2**20}}})
     (row,) = summary["simulated"]
     assert row["measured"] == 2**31 and row["simulated"] == 2**31 + 2**20

@@ -55,14 +55,19 @@ def test_batch_shape_from_a_tensor_a_mapping_or_a_sequence():
 
 
 def test_a_failing_record_names_every_check_behind_its_verdict_in_the_line_and_the_report():
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
     from ckptbench.report.columns import named_checks
+    from ckptbench.store.schema import Record
     from ckptbench.track.figures import failing_named
 
-    record = {"verdict": "fail", "checks": [{"quantity": "peak_bytes", "verdict": "pass"}],
+    case = Case(model=preset("gpt2-tiny"), train=TrainSpec(), batch_size=2, seq_len=8)
+    record = {"case_id": case.id, "status": "ok", "case": case.to_dict(), "verdict": "fail",
+              "checks": [{"quantity": "peak_bytes", "verdict": "pass"}],
               "meters": {"checks": [{"quantity": "allocator_vs_tracker_bytes", "verdict": "fail"}]},
               "gates": {"meters_disagree": 1}}
-    assert failing_named(record) == " (failing: meters.allocator_vs_tracker_bytes, gate meters_disagree)"
-    assert failing_named({**record, "verdict": "pass"}) == ""
+    assert failing_named(Record.read(record)) == " (failing: meters.allocator_vs_tracker_bytes, gate meters_disagree)"
+    assert failing_named(Record.read({**record, "verdict": "pass"})) == ""
     merged = named_checks(record["checks"], record["meters"]["checks"], record["gates"])
     assert [(c["quantity"], c["verdict"]) for c in merged] == [
         ("peak_bytes", "pass"), ("meters.allocator_vs_tracker_bytes", "fail"), ("gate.meters_disagree", "fail")]

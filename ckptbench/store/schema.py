@@ -1,0 +1,115 @@
+"""A record typed: what a line of ``records.jsonl`` that :func:`~.validate.record_problem` passed holds.
+
+A reader takes ``Record.read(line)`` once and then reads attributes: every field a record may lack has
+its absent value here, once (None for a figure, an empty tuple or mapping for a part), so no reader
+carries a ``.get()`` chain with a default of its own.  The line itself stays the record on disk and in
+the report's frame (``raw``): typing it never changes what is written or shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Mapping
+
+from ..point.case import Case
+from ..theory.verdicts.checks import Check
+
+_NONE: Mapping = MappingProxyType({})
+
+
+def _none() -> Mapping:
+    return _NONE
+
+
+def _part(value) -> Mapping:
+    return value if type(value) is dict else _NONE
+
+
+def read_checks(entries) -> tuple[Check, ...]:
+    """The checks of a list as written (:meth:`Check.to_dict`); an entry that is not an object is no check."""
+    if not isinstance(entries, list):
+        return ()
+    return tuple(Check(**{f: c.get(f) for f in _CHECK_FIELDS}) for c in entries if type(c) is dict)
+
+
+_CHECK_FIELDS = tuple(f.name for f in fields(Check))
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """The figures of one measured point that more than one reader uses; every other one by name in
+    ``figures`` (a point's measurement grows with what it ran: collectives, offload, a compiled step)."""
+
+    peak_bytes: int | None = None
+    peak_phase: str | None = None
+    mem_after_forward_bytes: int | None = None
+    offloaded_bytes: int | None = None
+    step_time_median_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    model_flops_per_step: float | None = None
+    hardware_flops_per_step: float | None = None
+    ideal_recompute_ratio: float | None = None
+    energy_per_step_j: float | None = None
+    threads: int | None = None
+    checkpointed_layers: tuple[int, ...] = ()
+    figures: Mapping = field(default_factory=_none)
+
+    @classmethod
+    def read(cls, m) -> Measurement:
+        if type(m) is not dict or not m:
+            return EMPTY
+        layers = m.get("checkpointed_layers")
+        return cls(**{f: m.get(f) for f in _NAMED}, checkpointed_layers=tuple(layers or ()), figures=m)
+
+
+_NAMED = tuple(f.name for f in fields(Measurement) if f.name not in ("checkpointed_layers", "figures"))
+EMPTY = Measurement()
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One point's record: its Case, how it ended, what it measured and how that was judged."""
+
+    case_id: str
+    status: str
+    case: Case
+    raw: Mapping  # the line as read: what a Case's twin is keyed by, what is written back
+    strategy: str | None = None
+    reason: str | None = None
+    verdict: str | None = None
+    measurement: Measurement = EMPTY
+    estimate: Mapping = field(default_factory=_none)
+    checks: tuple[Check, ...] = ()
+    meter_checks: tuple[Check, ...] = ()
+    gates: Mapping = field(default_factory=_none)
+    env: Mapping = field(default_factory=_none)
+    placement: Mapping = field(default_factory=_none)
+    track: Mapping = field(default_factory=_none)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def case_fields(self) -> Mapping:
+        return self.raw["case"]
+
+    @classmethod
+    def read(cls, line: dict) -> Record:
+        """The typed record of a line :func:`~.validate.record_problem` passed (a line it refuses may
+        raise here: the store never hands one on)."""
+        meters = _part(line.get("meters"))
+        return cls(case_id=line["case_id"], status=line["status"], case=Case.from_dict(line["case"]), raw=line,
+                   strategy=line.get("strategy"), reason=line.get("reason"), verdict=line.get("verdict"),
+                   measurement=Measurement.read(line.get("measurement")), estimate=_part(line.get("estimate")),
+                   checks=read_checks(line.get("checks")), meter_checks=read_checks(meters.get("checks")),
+                   gates=_part(line.get("gates")), env=_part(line.get("env")),
+                   placement=_part(line.get("placement")), track=_part(line.get("track")))
+
+
+def typed(records) -> list[Record]:
+    """:meth:`Record.read` of each line, in order."""
+    return [Record.read(r) for r in records]
