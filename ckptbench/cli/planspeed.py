@@ -76,21 +76,20 @@ def step_timer(args, a, threads: int):
 def run_fit(run_dir: str):
     """The achieved fractions of a CUDA run's single-rank records (at least two shapes) and a row per point
     (:func:`~ckptbench.theory.time.achieved.achieved_from`), or None."""
-    from ..point.case import Case
     from ..run.calibration import read_calibration
     from ..store.records import load_records
+    from ..store.schema import typed
     from ..theory.time.achieved import achieved_from
 
-    records = [r for r in load_records(run_dir).records
-               if r.get("status") == "ok" and r["case"].get("device") == "cuda"
-               and r["case"].get("world_size", 1) == 1 and r.get("measurement", {}).get("step_time_median_s")]
+    records = [r for r in typed(load_records(run_dir).records) if r.ok and r.case.device == "cuda"
+               and r.case.world_size == 1 and r.measurement.step_time_median_s]
     cal = read_calibration(os.path.join(run_dir, "calibration.json"), False) \
         if os.path.exists(os.path.join(run_dir, "calibration.json")) else {}
-    name = cal.get("device_name") or (records[0].get("env", {}).get("device_name") if records else None)
-    cases = [Case.from_dict(r["case"]) for r in records]
+    name = cal.get("device_name") or (records[0].env.get("device_name") if records else None)
+    cases = [r.case for r in records]
     if not name or len({(c.batch_size, c.seq_len) for c in cases}) < 2:
         return None
     from ..run.calibration import calibrated_link
 
-    return achieved_from(cases, [r["measurement"]["step_time_median_s"] for r in records], name,
+    return achieved_from(cases, [r.measurement.step_time_median_s for r in records], name,
                          calibrated_link(cal), run_dir)

@@ -32,24 +32,20 @@ def _progress():
 def summary_table(records: list[dict]):
     from rich.table import Table
 
+    from ..store.schema import typed
+
     table = Table(title="ckptbench sweep", show_lines=False)
     for col in ("strategy", "batch", "seq", "status", "after fwd MiB", "peak MiB", "ckpt inputs MiB",
                 "recomputed", "step ms", "tok/s", "setup s", "estimate"):
         table.add_column(col, justify="right" if col not in ("strategy", "status") else "left")
-    for r in records:
-        m = r.get("measurement") or {}
-        c = r["case"]
-        median = m.get("step_time_median_s")
+    for r in typed(records):
+        m, c = r.measurement, r.case
+        median = m.step_time_median_s
         table.add_row(
-            r["strategy"], str(c["batch_size"]), str(c["seq_len"]), r["status"],
-            _fmt_mib(m.get("mem_after_forward_bytes")), _fmt_mib(m.get("peak_bytes")),
-            _fmt_mib(m.get("checkpointed_input_bytes")),
-            ",".join(map(str, m.get("recomputed_layers", []))) or "-",
-            f"{median * 1e3:.1f}" if median else "-",
-            f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "-",
-            f"{m['setup_s']:.2f}" if m.get("setup_s") else "-",
-            r.get("verdict", "-"),
-        )
+            r.strategy, str(c.batch_size), str(c.seq_len), r.status, _fmt_mib(m.mem_after_forward_bytes),
+            _fmt_mib(m.peak_bytes), _fmt_mib(m.checkpointed_input_bytes), ",".join(map(str, m.recomputed_layers)) or "-",
+            f"{median * 1e3:.1f}" if median else "-", f"{m.tokens_per_s:.0f}" if m.tokens_per_s else "-",
+            f"{m.setup_s:.2f}" if m.setup_s else "-", r.verdict or "-")
     return table
 
 
@@ -57,21 +53,22 @@ def comm_table(records: list[dict]):
     """Multi-rank points: what local SGD saves in bytes and what it costs in loss."""
     from rich.table import Table
 
+    from ..store.schema import typed
+
     table = Table(title="ckptbench sweep: data-parallel points (per rank, per optimizer step)")
     for col in ("strategy", "world", "K", "status", "all-reduce KiB/step", "collectives/step", "syncs",
                 "sync ms", "step ms", "final loss", "estimate"):
         table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
-    for r in records:
-        m = r.get("measurement") or {}
-        c = r["case"]
+    for r in typed(records):
+        m, c = r.measurement.figures, r.case
 
         def num(key, fmt, scale=1.0, m=m):
             return "-" if m.get(key) is None else format(m[key] * scale, fmt)
 
-        table.add_row(r["strategy"], str(c["world_size"]), str(c["local_sgd_steps"]), r["status"],
+        table.add_row(r.strategy, str(c.world_size), str(c.local_sgd_steps), r.status,
                       num("comm_payload_bytes_per_step", ".1f", 1 / 1024), num("collectives_per_step", ".1f"),
                       num("syncs", ".0f"), num("sync_time_s", ".1f", 1e3), num("step_time_median_s", ".1f", 1e3),
-                      num("final_loss", ".4f"), r.get("verdict", "-"))
+                      num("final_loss", ".4f"), r.verdict or "-")
     return table
 
 

@@ -14,9 +14,9 @@ import os
 GIB = 2**30
 
 
-def _interval(record: dict, tokens: int) -> tuple[float, float, float] | None:
-    m = record.get("measurement") or {}
-    median, ci = m.get("step_time_median_s"), m.get("step_time_ci95_s")
+def _interval(m, tokens: int) -> tuple[float, float, float] | None:
+    """(median, low, high) tokens/s of a measurement (:class:`~ckptbench.store.schema.Measurement`)."""
+    median, ci = m.step_time_median_s, m.step_time_ci95_s
     if not median:
         return None
     lo, hi = (ci if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(ci) else (median, median))
@@ -44,6 +44,7 @@ def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list
     from ..point.strategy import checkpointed_layers
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
+    from ..store.schema import EMPTY, typed
     from ..suite.parse import parse_suite
     from ..theory.verdicts.annotate import annotate_record
     from .handover import policy_name as _name
@@ -86,47 +87,47 @@ def verify_optimum(args, case, a, predict, best, ranked, out: str, budgets: list
                                      "step_time_source": a.step_time_source, "policy": label}
 
     run_sweep(dataclasses.replace(suite, cases=tuple(cases)), SweepOptions(out_dir=out), annotate=annotate)
-    records = {r["case_id"]: r for r in load_records(out).records}
+    records = {r.case_id: r for r in typed(load_records(out).records)}
     print(f"\nverify ({out}): predicted vs measured on this machine, neither point used to predict")
     print(f"{'point':<40} {'batch':>5} {'peak pred GiB':>13} {'peak meas GiB':>13} {'tok/s pred':>10} "
           f"{'tok/s meas [interval]':>28}  status")
     seen = {}
     for c in cases:
-        r = records.get(c.id, {})
+        r = records.get(c.id)
         label, peak, tokens = points[c.id]
-        m = r.get("measurement") or {}
-        iv = _interval(r, c.batch_size * c.seq_len) if r.get("status") in ("ok", "unchecked") else None
+        m, status = (r.measurement, r.status) if r else (EMPTY, "missing")
+        iv = _interval(m, c.batch_size * c.seq_len) if status in ("ok", "unchecked") else None
         seen[label.split()[0]] = iv
         measured = "-" if iv is None else f"{iv[0]:,.0f} [{iv[1]:,.0f}, {iv[2]:,.0f}]"
         print(f"{label:<40} {c.batch_size:>5} {'-' if peak is None else f'{peak / GIB:.4f}':>13} "
-              f"{(m.get('peak_bytes') or 0) / GIB:>13.4f} {'-' if tokens is None else f'{tokens:,.0f}':>10} "
-              f"{measured:>28}  {r.get('status', 'missing')}"
-              + (f" (measured peak {'=' if m.get('peak_bytes') == peak else '≠'} predicted)"
-                 if m.get("peak_bytes") and peak is not None else ""))
+              f"{(m.peak_bytes or 0) / GIB:>13.4f} {'-' if tokens is None else f'{tokens:,.0f}':>10} "
+              f"{measured:>28}  {status}"
+              + (f" (measured peak {'=' if m.peak_bytes == peak else '≠'} predicted)"
+                 if m.peak_bytes and peak is not None else ""))
     mine = seen.get("optimum")
     for tag, name in (("ranked", "the best ranked strategy"), ("every-n", "the best every-n strategy")):
         theirs = seen.get(tag)
         if mine and theirs:
             print(f"measured: the optimum is {verdict(mine, theirs)} {name} ({mine[0] / theirs[0] - 1:+.1%} at the "
                   "medians)")
-    curve = [(c.recompute.compile_budget, records.get(c.id, {})) for c in cases if c.compiled]
+    curve = [(c.recompute.compile_budget, *((r.status, r.measurement) if (r := records.get(c.id)) else
+                                            ("missing", EMPTY))) for c in cases if c.compiled]
     if curve:
         print(compile_curve(curve, a.memory_bytes, mine))
     return 0 if mine else 1
 
 
-def compile_curve(curve: list[tuple[float, dict]], memory: int, optimum) -> str:
-    """The measured peak and tokens/s of each compile budget, in budget order, and where the peak is not
-    monotonic in the budget (it is not assumed to be: pytorch#197838)."""
-    peaks = [((r.get("measurement") or {}).get("peak_bytes"), b) for b, r in curve]
+def compile_curve(curve: list[tuple], memory: int, optimum) -> str:
+    """The measured peak and tokens/s of each compile budget (budget, status, measurement), in budget order,
+    and where the peak is not monotonic in the budget (it is not assumed to be: pytorch#197838)."""
+    peaks = [(m.peak_bytes, b) for b, _, m in curve]
     known = [(p, b) for p, b in peaks if p]
     falls = [f"{b0:g}→{b1:g}" for (p0, b0), (p1, b1) in zip(known, known[1:]) if p1 < p0]
     parts = []
-    for b, r in curve:
-        m = r.get("measurement") or {}
-        tps = (f"{m['tokens_per_s']:,.0f} tokens/s" if m.get("tokens_per_s") else r.get("status", "missing"))
-        fits = "" if not m.get("peak_bytes") else " (fits)" if m["peak_bytes"] <= memory else " (over the budget)"
-        parts.append(f"{b:g}: {(m.get('peak_bytes') or 0) / GIB:.4f} GiB{fits}, {tps}")
+    for b, status, m in curve:
+        tps = f"{m.tokens_per_s:,.0f} tokens/s" if m.tokens_per_s else status
+        fits = "" if not m.peak_bytes else " (fits)" if m.peak_bytes <= memory else " (over the budget)"
+        parts.append(f"{b:g}: {(m.peak_bytes or 0) / GIB:.4f} GiB{fits}, {tps}")
     line = "compile budgets, measured: " + "; ".join(parts)
     line += (f"; the peak falls as the budget rises at {', '.join(falls)}: not monotonic" if falls
              else "; the peak did not fall as the budget rose at these budgets")

@@ -6,7 +6,7 @@ tested anywhere; ``gpu-summary`` prints them and stores them as ``summary.json``
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..store.records import latest_per_case
 from ..store.schema import Record, read_checks, typed

@@ -8,9 +8,9 @@ the report's frame (``raw``): typing it never changes what is written or shown.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Mapping
 
 from ..point.case import Case
 from ..theory.verdicts.checks import Check
@@ -45,8 +45,11 @@ class Measurement:
     peak_phase: str | None = None
     mem_after_forward_bytes: int | None = None
     offloaded_bytes: int | None = None
+    checkpointed_input_bytes: int | None = None
     step_time_median_s: float | None = None
+    step_time_ci95_s: list | None = None  # the median's interval, [low, high]
     tokens_per_s: float | None = None
+    setup_s: float | None = None
     mfu: float | None = None
     hfu: float | None = None
     model_flops_per_step: float | None = None
@@ -55,17 +58,18 @@ class Measurement:
     energy_per_step_j: float | None = None
     threads: int | None = None
     checkpointed_layers: tuple[int, ...] = ()
+    recomputed_layers: tuple[int, ...] = ()
     figures: Mapping = field(default_factory=_none)
 
     @classmethod
     def read(cls, m) -> Measurement:
         if type(m) is not dict or not m:
             return EMPTY
-        layers = m.get("checkpointed_layers")
-        return cls(**{f: m.get(f) for f in _NAMED}, checkpointed_layers=tuple(layers or ()), figures=m)
+        return cls(**{f: m.get(f) for f in _NAMED}, **{f: tuple(m.get(f) or ()) for f in _LAYERS}, figures=m)
 
 
-_NAMED = tuple(f.name for f in fields(Measurement) if f.name not in ("checkpointed_layers", "figures"))
+_LAYERS = ("checkpointed_layers", "recomputed_layers")
+_NAMED = tuple(f.name for f in fields(Measurement) if f.name not in (*_LAYERS, "figures"))
 EMPTY = Measurement()
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from ckptbench.cli import main as cli_main
 from ckptbench.cli.verify_optimum import compile_curve
+from ckptbench.store.schema import EMPTY, Measurement
 
 
 @pytest.mark.parametrize("extra,flag", [(["--host-memory", "1GiB"], "--host-memory"),
@@ -42,9 +43,8 @@ def test_the_optimum_is_at_least_every_strategy_it_could_have_chosen(capsys, tmp
 
 
 def test_the_compile_curve_is_reported_as_measured_not_assumed_monotonic():
-    rec = [(0.0, {"measurement": {"peak_bytes": 3 * 2**20, "tokens_per_s": 900.0}}),
-           (0.5, {"measurement": {"peak_bytes": 2 * 2**20, "tokens_per_s": 1000.0}}),
-           (1.0, {"status": "oom"})]
+    rec = [(0.0, "ok", Measurement(peak_bytes=3 * 2**20, tokens_per_s=900.0)),
+           (0.5, "ok", Measurement(peak_bytes=2 * 2**20, tokens_per_s=1000.0)), (1.0, "oom", EMPTY)]
     line = compile_curve(rec, 2**30, None)
     assert "0→0.5: not monotonic" in line and "1: 0.0000 GiB, oom" in line
     line = compile_curve(rec[:1], 2**20, (1200.0, 1100.0, 1300.0))
