@@ -35,6 +35,7 @@ def _suite_text(spec_line: str, device: str, points: list[tuple[int, int, bool]]
 def verify(args, planned, options, a, predict, timer=None) -> int:
     from ..run.sweep import SweepOptions, run_sweep
     from ..store.records import load_records
+    from ..store.schema import typed
     from ..suite.parse import parse_suite
     from ..theory.policy.plan import step_seconds
     from ..theory.verdicts.annotate import annotate_record
@@ -80,16 +81,16 @@ def verify(args, planned, options, a, predict, timer=None) -> int:
           f"{'step meas s':>11} {'error':>7}")
     errors = []
     measured_records = load_records(out).records
-    for r in measured_records:
-        case = next(c for c in cases if c.id == r["case_id"])
-        m = r.get("measurement") or {}
-        pred, meas = predicted[case.id], m.get("step_time_median_s")
+    for r in typed(measured_records):
+        case = next(c for c in cases if c.id == r.case_id)
+        m = r.measurement
+        pred, meas = predicted[case.id], m.step_time_median_s
         error = pred / meas - 1 if pred and meas else None
         if error is not None:
             errors.append(abs(error))
         print(f"{case.strategy:<16} {case.batch_size:>5} {(predict.peak(case) or 0) / 2**30:>13.3f} "
-              f"{(m.get('peak_bytes') or 0) / 2**30:>13.3f} {pred or 0:>11.4f} {meas or 0:>11.4f} "
-              f"{'-' if error is None else f'{error:+.1%}':>7}  {r['status']}")
+              f"{(m.peak_bytes or 0) / 2**30:>13.3f} {pred or 0:>11.4f} {meas or 0:>11.4f} "
+              f"{'-' if error is None else f'{error:+.1%}':>7}  {r.status}")
     if errors:
         print(f"step time: largest error {max(errors):.1%} over {len(errors)} points "
               f"(predicted from {a.step_time_source})")

@@ -145,12 +145,10 @@ def kept(measure: Callable[[str], None], final: str) -> None:
 
 def figures(records: list[dict]) -> dict[str, dict]:
     """What asv is given, by Case id: status, reason and the three figures."""
-    out = {}
-    for record in records:
-        m = record.get("measurement") or {}
-        out[record["case_id"]] = {"status": record.get("status"), "reason": record.get("reason") or "",
-                                  **{k: m.get(k) for k in FIGURES}}
-    return out
+    from ..store.schema import typed
+
+    return {r.case_id: {"status": r.status, "reason": r.reason or "", **{k: getattr(r.measurement, k) for k in FIGURES}}
+            for r in typed(records)}
 
 
 def _figure(cache: dict, point: str, key: str):

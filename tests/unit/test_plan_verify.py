@@ -99,7 +99,8 @@ def test_verify_sets_each_point_beside_its_prediction_and_writes_no_calibration(
 
     def load(out):
         return types.SimpleNamespace(records=[
-            {"case_id": c.id, "status": "ok", "measurement": {"step_time_median_s": 1.05 * _priced(c)}}
+            {"case_id": c.id, "status": "ok", "case": c.to_dict(), "strategy": c.strategy,
+             "measurement": {"step_time_median_s": 1.05 * _priced(c)}}
             for c in ran])
 
     monkeypatch.setattr(sweep, "run_sweep", run)
