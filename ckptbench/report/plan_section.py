@@ -12,6 +12,7 @@ import os
 
 from ..base.regularfile import open_regular
 from ..point.setup import precision_name
+from ..store.schema import typed
 from .figures import Figure
 
 PLAN_FILE = "plan.json"
@@ -82,20 +83,18 @@ def predicted_vs_measured(records: list[dict], plan: dict | None = None) -> list
             if o.get("max_batch"):  # by the strategy's name: a SAC policy or streamed offload shares its n
                 by_point[(o.get("strategy"), o["max_batch"], seq)] = o
     rows = []
-    for r in records:
-        c, m = r.get("case") or {}, r.get("measurement") or {}
-        p = r.get("plan_prediction")
-        if not p and plan and not _same_setup(plan, c):
+    for r in typed(records):
+        c, m, p = r.case, r.measurement, r.plan_prediction
+        if not p and plan and not _same_setup(plan, r.case_fields):
             continue  # a plan for another precision or loop predicted nothing about this point
         if not p:
-            o = by_point.get((r.get("strategy"), c.get("batch_size"), c.get("seq_len")))
+            o = by_point.get((r.strategy, c.batch_size, c.seq_len))
             p = o and {"peak_bytes": o.get("peak_bytes"), "tokens_per_s": o.get("tokens_per_s")}
-        if not p or r.get("status") != "ok":
+        if not p or not r.ok:
             continue
-        rows.append({"point": f"{r['strategy']} b={c['batch_size']}", "strategy": r["strategy"],
-                     "batch": c["batch_size"],
-                     "peak_pred": p.get("peak_bytes"), "peak_meas": m.get("peak_bytes"),
-                     "tps_pred": p.get("tokens_per_s"), "tps_meas": m.get("tokens_per_s")})
+        rows.append({"point": f"{r.strategy} b={c.batch_size}", "strategy": r.strategy, "batch": c.batch_size,
+                     "peak_pred": p.get("peak_bytes"), "peak_meas": m.peak_bytes,
+                     "tps_pred": p.get("tokens_per_s"), "tps_meas": m.tokens_per_s})
     return rows
 
 

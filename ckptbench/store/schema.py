@@ -92,6 +92,7 @@ class Record:
     env: Mapping = field(default_factory=_none)
     placement: Mapping = field(default_factory=_none)
     track: Mapping = field(default_factory=_none)
+    plan_prediction: Mapping = field(default_factory=_none)  # what plan --verify predicted of the point
 
     @property
     def ok(self) -> bool:
@@ -111,7 +112,8 @@ class Record:
                    measurement=Measurement.read(line.get("measurement")), estimate=_part(line.get("estimate")),
                    checks=read_checks(line.get("checks")), meter_checks=read_checks(meters.get("checks")),
                    gates=_part(line.get("gates")), env=_part(line.get("env")),
-                   placement=_part(line.get("placement")), track=_part(line.get("track")))
+                   placement=_part(line.get("placement")), track=_part(line.get("track")),
+                   plan_prediction=_part(line.get("plan_prediction")))
 
 
 def typed(records) -> list[Record]:

@@ -177,6 +177,8 @@ def test_sac_plans_refuse_what_they_cannot_answer_in_one_line(capsys, extra, rea
 
 
 def test_a_measured_point_is_set_beside_its_own_strategys_prediction_not_a_policys_of_the_same_n():
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
     from ckptbench.report.plan_section import predicted_vs_measured
 
     def option(name: str, peak: int) -> dict:
@@ -184,9 +186,9 @@ def test_a_measured_point_is_set_beside_its_own_strategys_prediction_not_a_polic
                 "tokens_per_s": 10.0}
 
     plan = {"seq_len": 64, "options": [option("full", 100), option("sac-save-matmuls", 150)]}
-    records = [{"strategy": name, "status": "ok", "measurement": {"peak_bytes": 101, "tokens_per_s": 9.0},
-                "case": {"batch_size": 4, "seq_len": 64, "every_n_layers": 1, "offload": False}}
-               for name in ("full", "sac-save-matmuls", "every-2")]
+    case = Case(model=preset("gpt2-tiny"), train=TrainSpec(), batch_size=4, seq_len=64, every_n_layers=1)
+    records = [{"case_id": case.id, "strategy": name, "status": "ok", "case": case.to_dict(),
+                "measurement": {"peak_bytes": 101, "tokens_per_s": 9.0}} for name in ("full", "sac-save-matmuls", "every-2")]
     rows = predicted_vs_measured(records, plan)
     assert [(r["point"], r["peak_pred"]) for r in rows] == [("full b=4", 100), ("sac-save-matmuls b=4", 150)]
 
