@@ -23,6 +23,7 @@ from ..store.comparison import DEFAULT_MEMORY_THRESHOLD, DEFAULT_TIME_THRESHOLD,
 from ..store.machine_speed import load_readings
 from ..store.points import QUANTITY_BY_KEY, record_label
 from ..store.records import RECORDS, load_records
+from ..store.schema import typed
 from .asv_results import AsvResults, read_asv_results
 from .benchmark import MACHINE_FILE, RECORDS_DIR
 
@@ -165,12 +166,11 @@ def _series(folder: str, machine: str, env: str, asv: AsvResults, limits: tuple[
             else:
                 records.append(r)
         entry = Commit(commit, dates.get(commit), len(records), notes=list(loaded.notes()))
-        for r in records:
-            series.labels.setdefault(r["case_id"], record_label(r))
-            m = r.get("measurement") or {}
+        for r in typed(records):
+            series.labels.setdefault(r.case_id, record_label(r.raw))
             for key in CHARTED:
-                line = series.values.setdefault(r["case_id"], {}).setdefault(key, [None] * len(commits))
-                line[index] = m.get(key) if r.get("status") == "ok" else None
+                line = series.values.setdefault(r.case_id, {}).setdefault(key, [None] * len(commits))
+                line[index] = getattr(r.measurement, key) if r.ok else None
         readings = load_readings(path)
         if not records:
             entry.notes.append("no record could be read: compared with nothing")

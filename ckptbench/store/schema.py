@@ -8,6 +8,7 @@ the report's frame (``raw``): typing it never changes what is written or shown.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -73,26 +74,17 @@ _NAMED = tuple(f.name for f in fields(Measurement) if f.name not in (*_LAYERS, "
 EMPTY = Measurement()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Record:
-    """One point's record: its Case, how it ended, what it measured and how that was judged."""
+    """One point's record: its Case, how it ended, what it measured and how that was judged.  The parts are
+    typed when first read (a report of 20,000 records reads the checks of few of them this way)."""
 
     case_id: str
     status: str
-    case: Case
     raw: Mapping  # the line as read: what a Case's twin is keyed by, what is written back
     strategy: str | None = None
     reason: str | None = None
     verdict: str | None = None
-    measurement: Measurement = EMPTY
-    estimate: Mapping = field(default_factory=_none)
-    checks: tuple[Check, ...] = ()
-    meter_checks: tuple[Check, ...] = ()
-    gates: Mapping = field(default_factory=_none)
-    env: Mapping = field(default_factory=_none)
-    placement: Mapping = field(default_factory=_none)
-    track: Mapping = field(default_factory=_none)
-    plan_prediction: Mapping = field(default_factory=_none)  # what plan --verify predicted of the point
 
     @property
     def ok(self) -> bool:
@@ -102,18 +94,53 @@ class Record:
     def case_fields(self) -> Mapping:
         return self.raw["case"]
 
+    @functools.cached_property
+    def case(self) -> Case:
+        return Case.from_dict(self.raw["case"])
+
+    @functools.cached_property
+    def measurement(self) -> Measurement:
+        return Measurement.read(self.raw.get("measurement"))
+
+    @functools.cached_property
+    def checks(self) -> tuple[Check, ...]:
+        return read_checks(self.raw.get("checks"))
+
+    @functools.cached_property
+    def meter_checks(self) -> tuple[Check, ...]:
+        return read_checks(self.meters.get("checks"))
+
+    # the parts that are objects: each as read, or an empty one when absent or not an object
+    @property
+    def estimate(self) -> Mapping:
+        return _part(self.raw.get("estimate"))
+
+    @property
+    def meters(self) -> Mapping:
+        return _part(self.raw.get("meters"))
+
+    @property
+    def gates(self) -> Mapping:
+        return _part(self.raw.get("gates"))
+
+    @property
+    def env(self) -> Mapping:
+        return _part(self.raw.get("env"))
+
+    @property
+    def track(self) -> Mapping:
+        return _part(self.raw.get("track"))
+
+    @property
+    def plan_prediction(self) -> Mapping:
+        """What ``plan --verify`` predicted of the point."""
+        return _part(self.raw.get("plan_prediction"))
+
     @classmethod
     def read(cls, line: dict) -> Record:
         """The typed record of a line :func:`~.validate.record_problem` passed (a line it refuses may
-        raise here: the store never hands one on)."""
-        meters = _part(line.get("meters"))
-        return cls(case_id=line["case_id"], status=line["status"], case=Case.from_dict(line["case"]), raw=line,
-                   strategy=line.get("strategy"), reason=line.get("reason"), verdict=line.get("verdict"),
-                   measurement=Measurement.read(line.get("measurement")), estimate=_part(line.get("estimate")),
-                   checks=read_checks(line.get("checks")), meter_checks=read_checks(meters.get("checks")),
-                   gates=_part(line.get("gates")), env=_part(line.get("env")),
-                   placement=_part(line.get("placement")), track=_part(line.get("track")),
-                   plan_prediction=_part(line.get("plan_prediction")))
+        raise on reading a part: the store never hands one on)."""
+        return cls(line["case_id"], line["status"], line, line.get("strategy"), line.get("reason"), line.get("verdict"))
 
 
 def typed(records) -> list[Record]:
