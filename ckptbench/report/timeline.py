@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..store.schema import Measurement
 from ..store.timelines import TIMELINES, Timelines, has_stored_timeline
 from .figures import STYLE, Figure, _encode
 
@@ -33,7 +34,7 @@ TICKS = (("forward-layer-", "#4c72b0", 0.06), ("backward-layer-", "#dd8452", 0.0
 @dataclass
 class Series:
     strategy: str
-    measurement: dict
+    measurement: Measurement
     timeline: dict
 
 
@@ -89,7 +90,7 @@ def choose(records: list[dict], t: pd.DataFrame, max_figures: int = MAX_FIGURES,
                 for strategy in role:
                     hit = first_drawable(found[strategy][2])
                     if hit is not None:
-                        group.series.append(Series(strategy, hit[0]["measurement"], hit[1]))
+                        group.series.append(Series(strategy, Measurement.read(hit[0]["measurement"]), hit[1]))
                         break
             if group.series:
                 groups.append(group)
@@ -144,7 +145,7 @@ def _panel(ax, s: Series, scale: float, unit: str) -> None:
     top = max(values)
     peak_event = tl.get("peak_event", events[values.index(top)])
     ax.plot([peak_event], [top / scale], "o", color="#c44e52", ms=4)
-    phase = s.measurement.get("peak_phase") or ""
+    phase = s.measurement.peak_phase or ""
     ax.annotate(f"peak {top / scale:.3g} {unit}" + (f"\n{phase}" if phase else ""), (peak_event, top / scale),
                 xytext=(4, -4), textcoords="offset points", fontsize=7, va="top")
     _ticks(ax, marks)
@@ -154,7 +155,7 @@ def _panel(ax, s: Series, scale: float, unit: str) -> None:
 
 
 def _bars(ax, group: Group) -> None:
-    n = max(len(s.measurement.get("saved_bytes_per_layer") or ()) for s in group.series)
+    n = max(len(s.measurement.saved_bytes_per_layer) for s in group.series)
     if n == 0:  # records from before the per-layer counts
         ax.text(0.5, 0.5, "no saved bytes per layer in these records", ha="center", va="center",
                 transform=ax.transAxes, fontsize=8, color="#666666")
@@ -162,17 +163,17 @@ def _bars(ax, group: Group) -> None:
         return
     width = 0.8 / max(len(group.series), 1)
     cmap = plt.get_cmap("tab10")
-    top = max([max(s.measurement.get("saved_bytes_per_layer") or [0]) for s in group.series]
-              + [s.measurement.get("saved_outside_layers_bytes") or 0 for s in group.series])
+    top = max([max(s.measurement.saved_bytes_per_layer or [0]) for s in group.series]
+              + [s.measurement.saved_outside_layers_bytes or 0 for s in group.series])
     scale, unit = _unit(top) if top >= MIB else (2**10, "KiB")
     for k, s in enumerate(group.series):
         m = s.measurement
-        per = list(m.get("saved_bytes_per_layer") or [])
+        per = list(m.saved_bytes_per_layer)
         if not per:
             continue
         per += [0] * (n - len(per))
-        host = list(m.get("offloaded_bytes_per_layer") or [0] * n) + [0] * n
-        outside = m.get("saved_outside_layers_bytes") or 0
+        host = list(m.offloaded_bytes_per_layer or [0] * n) + [0] * n
+        outside = m.saved_outside_layers_bytes or 0
         xs = [i - 0.4 + width * (k + 0.5) for i in range(n + 1)]
         device = [(v - h) / scale for v, h in zip(per, host)] + [outside / scale]
         ax.bar(xs, device, width, color=cmap(k), label=s.strategy)

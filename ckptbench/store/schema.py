@@ -60,6 +60,9 @@ class Measurement:
     threads: int | None = None
     checkpointed_layers: tuple[int, ...] = ()
     recomputed_layers: tuple[int, ...] = ()
+    saved_bytes_per_layer: tuple[int, ...] = ()  # what each decoder layer keeps for backward
+    offloaded_bytes_per_layer: tuple[int, ...] = ()  # of which on the host
+    saved_outside_layers_bytes: int | None = None
     figures: Mapping = field(default_factory=_none)
 
     @classmethod
@@ -69,7 +72,7 @@ class Measurement:
         return cls(**{f: m.get(f) for f in _NAMED}, **{f: tuple(m.get(f) or ()) for f in _LAYERS}, figures=m)
 
 
-_LAYERS = ("checkpointed_layers", "recomputed_layers")
+_LAYERS = ("checkpointed_layers", "recomputed_layers", "saved_bytes_per_layer", "offloaded_bytes_per_layer")
 _NAMED = tuple(f.name for f in fields(Measurement) if f.name not in (*_LAYERS, "figures"))
 EMPTY = Measurement()
 

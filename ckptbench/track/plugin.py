@@ -74,7 +74,7 @@ class StepGate:
         from ..store.comparison import Thresholds
         from ..store.records import RecordStore, load_records
 
-        old = [r for r in load_records(baseline).records if r.get("case_id") == record["case_id"]]
+        old = [r for r in load_records(baseline).records if r["case_id"] == record["case_id"]]
         if not old and not (self.update or allow_new):
             pytest.fail(f"ckptbench: {baseline} has no record of this Case ({record['strategy']} · batch "
                         f"{record['case']['batch_size']} · seq {record['case']['seq_len']}, case {record['case_id']}): "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -58,6 +59,10 @@ def test_expected_times_carry_a_class_and_say_when_no_measurement_of_it_exists()
 
 
 @pytest.mark.slow
+def _digits(text: str) -> str:
+    return re.sub(r"-?\d+\.\d+(?:e-?\d+)?", lambda m: format(float(m.group()), ".6g"), text)
+
+
 def test_the_committed_fit_is_the_committed_h200_runs_and_its_held_out_shapes_hold():
     """scripts/achieved_fit.py refits results/h200-20261204-gpu-small/run into a temporary module: the
     figures the plan reads are the ones it gives; 40 of the 42 points, each predicted with its (batch,
@@ -72,7 +77,8 @@ def test_the_committed_fit_is_the_committed_h200_runs_and_its_held_out_shapes_ho
     os.unlink(out)
     with open(os.path.join(ROOT, "ckptbench", "theory", "time", "achieved_fit.py"), encoding="utf-8") as fh:
         committed = fh.read()
-    assert text == committed
+    # the refit on another CPU's kernels may differ in the last digits of a float: six significant ones agree
+    assert _digits(text) == _digits(committed)
     assert "held out within ±15 %: 40 of 42;" in proc.stdout
     with open(os.path.join(ROOT, "results", "h200-20261204-gpu-small", "run", "records.jsonl"),
               encoding="utf-8") as fh:

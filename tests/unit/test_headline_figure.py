@@ -97,7 +97,11 @@ def test_the_plan_page_draws_its_points_and_the_measured_beside_them():
             "assumptions": {"memory_bytes": 80 * gib}}
     alone = plan_figure(plan)
     assert "for 2 strategies" in alone.alt and "(none · batch 4) starred" in alone.alt and "✕" not in alone.alt
-    measured = [{"strategy": "none", "status": "ok", "case": {"batch_size": 4, "seq_len": 64},
+    from ckptbench.point.case import Case, preset
+    from ckptbench.point.training import TrainSpec
+
+    case = Case(model=preset("gpt2-tiny"), train=TrainSpec(), batch_size=4, seq_len=64)
+    measured = [{"case_id": case.id, "strategy": "none", "status": "ok", "case": case.to_dict(),
                  "plan_prediction": {"peak_bytes": 70 * gib, "tokens_per_s": 1000.0},
                  "measurement": {"peak_bytes": 68 * gib, "tokens_per_s": 950.0}}]
     assert "✕ marks 1 measured point(s)" in plan_figure(plan, measured).alt
